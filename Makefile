@@ -1,0 +1,26 @@
+# The two commands a user needs: `make run` and `make test`. Both set up first (idempotent).
+PROFILE ?= tiny
+SEED ?=
+export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test lint dagster-ui mlflow-ui clean
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	$(PY) -m pipelines.run --profile $(PROFILE) $(if $(SEED),--seed $(SEED),) $(ARGS)
+
+test: setup
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+dagster-ui: setup
+	DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster dev
+
+mlflow-ui: setup
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --port 5000
+
+clean:
+	rm -rf $(FLYWHEEL_HOME)

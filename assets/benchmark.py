@@ -1,0 +1,85 @@
+"""Benchmark a checkpoint on the held-out tasks, register it, and run the promotion gate."""
+
+import pandas as pd
+import torch
+from dagster import AssetExecutionContext, MetadataValue, Output, asset
+
+from assets.plots import bars_png, markdown_image
+from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
+from assets.rl import rl_rounds
+from assets.sft import load_checkpoint, records
+from assets.tracking import CHALLENGER, CHAMPION, MLflowTracker
+from environments.tools import CodeInterpreter
+from training.evaluate import evaluate_policy, promotion_decision, summarize
+from verifiers.rewards import RewardWeights
+
+
+def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                         tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, stage: str, asset_name: str) -> Output[dict]:
+    cfg = settings.config
+    torch.set_num_threads(cfg.threads)
+    model, tok = load_checkpoint(storage, pointer, cfg.model.dtype)
+    weights, bench = RewardWeights(**cfg.reward.model_dump()), cfg.benchmark
+    task_rows = records(tasks)
+    with sandbox.open() as box:
+        tool = CodeInterpreter(box)
+        common = dict(tool=tool, rollout=cfg.rollout, weights=weights, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
+        sampled = evaluate_policy(model, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
+        greedy = evaluate_policy(model, tok, task_rows, samples_per_task=1, greedy=True, **common)
+    summary = summarize(sampled, bench.confidence)
+    summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"]
+    per_task = {r["task_id"]: r["score"] for r in sampled}
+
+    champion = tracker.version_by_alias(CHAMPION)
+    champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
+    decision = promotion_decision(per_task, champion_scores, bench.confidence, bench.promotion_margin)
+    with tracker.run(context, asset_name, {"benchmark": bench.model_dump(), "stage": stage, "checkpoint": pointer["uri"]}) as run_id:
+        tracker.log_metrics(run_id, {**summary, **{f"vs_champion/{k}": float(v) for k, v in decision.items()}})
+        tracker.log_json(run_id, per_task, "per_task_scores.json")
+        version = tracker.register_checkpoint(run_id, storage.local_path(pointer["uri"]), {
+            "stage": stage, "round": context.partition_key if context.has_partition_key else "", "checkpoint_uri": pointer["uri"],
+            "promoted": str(bool(decision["promote"])).lower(),
+        })
+        tracker.set_alias(CHAMPION if decision["promote"] else CHALLENGER, version.version)
+        png = pass_at_1_by_version(tracker)
+        tracker.log_png(run_id, png, "pass_at_1_by_version.png")
+    context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}")
+    level_table = pd.DataFrame([{"level": k.split("/")[0], "metric": k.split("/")[1], "value": v} for k, v in summary.items() if k.startswith("level_")])
+    return Output(
+        {"stage": stage, "version": version.version, "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), **summary, **decision},
+        metadata={
+            "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
+            "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],
+            "model_version": version.version, "alias": CHAMPION if decision["promote"] else CHALLENGER, "mlflow_run_id": run_id,
+            "diff_vs_champion": MetadataValue.json({k: float(v) for k, v in decision.items()}),
+            "by_level": MetadataValue.md(level_table.pivot(index="level", columns="metric", values="value").to_markdown()),
+            "pass_at_1_by_version": markdown_image(png, "pass@1 by version"),
+        },
+    )
+
+
+def pass_at_1_by_version(tracker: MLflowTracker) -> bytes:
+    client = tracker.client()
+    labels, values, lows, highs = [], [], [], []
+    for v in tracker.versions():
+        metrics = client.get_run(v.run_id).data.metrics
+        if "pass_at_1" in metrics:
+            labels.append(f"v{v.version} {v.tags.get('stage', '')}{v.tags.get('round', '')}")
+            values.append(metrics["pass_at_1"])
+            lows.append(metrics.get("pass_at_1_ci_low", metrics["pass_at_1"]))
+            highs.append(metrics.get("pass_at_1_ci_high", metrics["pass_at_1"]))
+    return bars_png(labels, values, lows, highs, "held-out pass@1 by model version")
+
+
+@asset(group_name="benchmark", description="SFT checkpoint on the held-out benchmark; registered as a model version.")
+def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                         tracker: MLflowTracker, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame) -> Output[dict]:
+    return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=sft_checkpoint,
+                                tasks=benchmark_tasks, stage="sft", asset_name="sft_benchmark_scores")
+
+
+@asset(group_name="benchmark", partitions_def=rl_rounds, description="A round's RL checkpoint on the held-out benchmark; promotion gate.")
+def benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                     tracker: MLflowTracker, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame) -> Output[dict]:
+    return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=rl_checkpoint,
+                                tasks=benchmark_tasks, stage="rl", asset_name="benchmark_scores")

@@ -1,0 +1,730 @@
+"""Great Expectations data contracts for the flywheel's tabular assets, exposed as Dagster checks.
+
+Three contracts are defined:
+
+* ``tasks``            -- ``training_tasks`` / ``benchmark_tasks``
+* ``sft_trajectories`` -- supervised fine-tuning trajectories
+* ``rollout_batches``  -- RL rollouts (token ids, tool mask, behaviour log-probs)
+
+``dagster-ge`` does not support Great Expectations 1.x, so the glue is written here against the
+GE 1.x fluent API: one ephemeral data context per process (created lazily, reused), one pandas
+data source / dataframe asset / whole-dataframe batch definition (the frame is passed as a batch
+parameter), and one expectation suite per (contract, families, max_level, columns present),
+cached in that context.
+
+GE cannot look inside list-valued columns, so :func:`derive_columns` (pure pandas/python) first
+turns each list column into scalar columns -- lengths, counts of invalid values, the number of
+policy tokens, the max log-prob, ... -- and, for scalar columns whose dtype does not already pin
+the declared python type (object / mixed dtypes), per-value type names (``<col>__type``); the
+suite then validates those with standard expectations. Columns are checked for presence first
+(``expect_column_to_exist``) and every expectation that needs a missing column is skipped, so a
+missing column shows up as one clear failure naming it rather than as a ``KeyError``.
+
+:func:`contract_check` wraps :func:`validate_contract` in a blocking ``@asset_check`` with ERROR
+severity: a failed contract fails the run and keeps downstream assets from materialising.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Must be set before great_expectations is first imported (it is imported lazily below so that
+# loading the Dagster code location does not pay GE's multi-second import).
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+import numpy as np
+import pandas as pd
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetChecksDefinition,
+    MetadataValue,
+    asset_check,
+)
+
+__all__ = [
+    "CONTRACTS",
+    "CONTRACT_COLUMNS",
+    "ContractFailure",
+    "ContractReport",
+    "contract_check",
+    "derive_columns",
+    "validate_contract",
+]
+
+# --------------------------------------------------------------------------------------------
+# Contract specifications
+# --------------------------------------------------------------------------------------------
+
+_FAMILIES = "<families>"  # placeholder for the caller-supplied family set
+_MAX_LEVEL = "<max_level>"  # placeholder for the caller-supplied max level
+
+STOP_REASONS = ("answer", "eos", "max_turns", "max_tokens")
+SPLITS = ("train", "benchmark")
+
+
+@dataclass(frozen=True)
+class _Col:
+    """One column of a contract. ``kind`` is a scalar python type name or a list-column kind."""
+
+    name: str
+    kind: str  # "str" | "int" | "bool" | "token_ids" | "tool_mask" | "logprobs"
+    unique: bool = False
+    value_set: tuple[Any, ...] | str | None = None  # or _FAMILIES
+    min_value: int | None = None
+    max_value: int | str | None = None  # or _MAX_LEVEL
+    nonblank: bool = False
+    json: bool = False
+
+
+_LIST_KINDS = ("token_ids", "tool_mask", "logprobs")
+
+_COMMON_TRAJECTORY_HEAD = (
+    _Col("trajectory_id", "str", unique=True, nonblank=True),
+    _Col("task_id", "str", nonblank=True),
+    _Col("family", "str", value_set=_FAMILIES),
+    _Col("level", "int", min_value=1, max_value=_MAX_LEVEL),
+)
+
+_SPECS: dict[str, tuple[_Col, ...]] = {
+    "tasks": (
+        _Col("task_id", "str", unique=True, nonblank=True),
+        _Col("family", "str", value_set=_FAMILIES),
+        _Col("level", "int", min_value=1, max_value=_MAX_LEVEL),
+        _Col("prompt", "str", nonblank=True),
+        _Col("answer", "str"),
+        _Col("split", "str", value_set=SPLITS),
+        _Col("metadata", "str", json=True),
+    ),
+    "sft_trajectories": (
+        *_COMMON_TRAJECTORY_HEAD,
+        _Col("strategy", "str"),
+        _Col("prompt_ids", "token_ids"),
+        _Col("completion_ids", "token_ids"),
+        _Col("tool_mask", "tool_mask"),
+        _Col("completion", "str"),
+        _Col("correct", "bool"),
+    ),
+    "rollout_batches": (
+        *_COMMON_TRAJECTORY_HEAD,
+        _Col("group_id", "str"),
+        _Col("sample_index", "int", min_value=0),
+        _Col("round", "int", min_value=1),
+        _Col("step", "int", min_value=0),
+        _Col("policy_version", "str"),
+        _Col("prompt_ids", "token_ids"),
+        _Col("completion_ids", "token_ids"),
+        _Col("tool_mask", "tool_mask"),
+        _Col("logprobs", "logprobs"),
+        _Col("completion", "str"),
+        _Col("turns", "int", min_value=1),
+        _Col("num_tool_calls", "int", min_value=0),
+        _Col("tool_calls", "str", json=True),
+        _Col("stop_reason", "str", value_set=STOP_REASONS),
+    ),
+}
+
+# Contracts whose column set must match exactly (no extra columns allowed).
+_EXACT_COLUMNS = frozenset({"tasks"})
+# Column combinations that must be unique together.
+_COMPOUND_UNIQUE: dict[str, tuple[tuple[str, ...], ...]] = {
+    "rollout_batches": (("group_id", "sample_index"),),
+}
+
+CONTRACTS: tuple[str, ...] = tuple(_SPECS)
+CONTRACT_COLUMNS: Mapping[str, tuple[str, ...]] = {
+    name: tuple(c.name for c in cols) for name, cols in _SPECS.items()
+}
+
+# Explanations appended to failures on derived columns, so the report says what was meant.
+_DERIVED_NOTES = {
+    "_len": "length of the list in '{src}' (null = not a list)",
+    "_invalid": "number of entries of '{src}' that are not non-negative ints",
+    "tool_mask_non_binary": "number of tool_mask entries not in {0, 1}",
+    "policy_token_count": "number of tool_mask entries equal to 1 (policy tokens)",
+    "logprobs_nonfinite": "number of logprobs entries that are not finite numbers",
+    "logprob_max": "largest log-prob in the row (must be <= 0)",
+    "logprob_nonzero_on_tool": "number of logprobs != 0.0 where tool_mask == 0",
+    "__type": "python type of the values of '{src}'",
+}
+
+
+def _unknown_contract(contract: str) -> ValueError:
+    return ValueError(
+        f"unknown contract {contract!r}; available contracts: {', '.join(CONTRACTS)}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Report types
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContractFailure:
+    expectation: str  # GE expectation type, e.g. "expect_column_values_to_be_unique"
+    column: str | None  # column (or "a, b" for pair / compound expectations); None = table-level
+    details: str  # observed value / unexpected examples, short
+
+
+@dataclass(frozen=True)
+class ContractReport:
+    contract: str
+    success: bool
+    evaluated: int
+    failures: tuple[ContractFailure, ...]
+    rows: int
+
+    def message(self) -> str:
+        lines = []
+        for f in self.failures:
+            where = f"column '{f.column}'" if f.column is not None else "table"
+            lines.append(f"{self.contract}: {f.expectation} failed on {where}: {f.details}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Derived scalar columns (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_null(v: Any) -> bool:
+    if v is None or v is pd.NA or v is pd.NaT:
+        return True
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _type_name(v: Any) -> str | None:
+    if _is_null(v):
+        return None
+    if isinstance(v, (bool, np.bool_)):
+        return "bool"
+    if isinstance(v, numbers.Integral):
+        return "int"
+    if isinstance(v, numbers.Real):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "list"
+    return type(v).__name__
+
+
+def _as_list(v: Any) -> list | None:
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    if isinstance(v, np.ndarray) and v.ndim == 1:
+        return v.tolist()
+    return None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_finite_number(x: Any) -> bool:
+    return (
+        isinstance(x, numbers.Real)
+        and not isinstance(x, (bool, np.bool_))
+        and math.isfinite(float(x))
+    )
+
+
+def _dtype_kind(dtype: Any) -> str | None:
+    """The python type every non-null value of a column with this dtype has, if it is definite."""
+    if pd.api.types.is_bool_dtype(dtype):
+        return "bool"
+    if pd.api.types.is_integer_dtype(dtype):
+        return "int"
+    if pd.api.types.is_float_dtype(dtype):
+        return "float"
+    if isinstance(dtype, pd.StringDtype):
+        return "str"
+    return None  # object / mixed: values must be inspected one by one
+
+
+def _type_names(series: pd.Series) -> pd.Series:
+    """Python type name of each value of ``series`` (None for nulls).
+
+    Columns with a definite dtype (bool / integer / float / string) are named in one go; only
+    object (or otherwise mixed) columns are inspected value by value.
+    """
+    uniform = _dtype_kind(series.dtype)
+    if uniform is None:
+        return pd.Series([_type_name(v) for v in series.tolist()], index=series.index, dtype=object)
+    names = np.full(len(series), uniform, dtype=object)
+    names[series.isna().to_numpy()] = None
+    return pd.Series(names, index=series.index, dtype=object)
+
+
+def _int_series(values: list[int | None], index: pd.Index) -> pd.Series:
+    return pd.Series(pd.array(values, dtype="Int64"), index=index)
+
+
+def derive_columns(contract: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Scalar columns derived from ``df`` for ``contract``, indexed like ``df``.
+
+    Only derivations whose source columns are present are computed. Produces:
+
+    * ``<col>__type`` for scalar columns whose dtype does not prove the contract's python type:
+      the type name of each value (None for nulls);
+    * ``<col>_len`` for list columns (None when the value is not a list);
+    * ``prompt_ids_invalid`` / ``completion_ids_invalid``: entries that are not ints >= 0;
+    * ``tool_mask_non_binary`` (entries not in {0, 1}) and ``policy_token_count`` (entries == 1);
+    * ``logprobs_nonfinite``, ``logprob_max`` (over finite entries) and
+      ``logprob_nonzero_on_tool`` (logprobs != 0.0 at positions where tool_mask == 0).
+    """
+    if contract not in _SPECS:
+        raise _unknown_contract(contract)
+    index = df.index
+    out: dict[str, pd.Series] = {}
+    lists: dict[str, list[list | None]] = {}
+
+    for col in _SPECS[contract]:
+        if col.name not in df.columns:
+            continue
+        series = df[col.name]
+        if col.kind not in _LIST_KINDS:
+            if _dtype_kind(series.dtype) != col.kind:  # the dtype alone does not prove the type
+                out[f"{col.name}__type"] = _type_names(series)
+            continue
+        as_lists = [_as_list(v) for v in series.tolist()]
+        lists[col.name] = as_lists
+        out[f"{col.name}_len"] = _int_series(
+            [len(v) if v is not None else None for v in as_lists], index
+        )
+        if col.kind == "token_ids":
+            out[f"{col.name}_invalid"] = _int_series(
+                [
+                    None if v is None else sum(1 for x in v if not (_is_int(x) and x >= 0))
+                    for v in as_lists
+                ],
+                index,
+            )
+        elif col.kind == "tool_mask":
+            out["tool_mask_non_binary"] = _int_series(
+                [
+                    None if v is None else sum(1 for x in v if not (_is_int(x) and x in (0, 1)))
+                    for v in as_lists
+                ],
+                index,
+            )
+            out["policy_token_count"] = _int_series(
+                [None if v is None else sum(1 for x in v if _is_int(x) and x == 1) for v in as_lists],
+                index,
+            )
+        elif col.kind == "logprobs":
+            out["logprobs_nonfinite"] = _int_series(
+                [
+                    None if v is None else sum(1 for x in v if not _is_finite_number(x))
+                    for v in as_lists
+                ],
+                index,
+            )
+            maxima = []
+            for v in as_lists:
+                finite = [float(x) for x in v if _is_finite_number(x)] if v is not None else []
+                maxima.append(max(finite) if finite else np.nan)
+            out["logprob_max"] = pd.Series(maxima, index=index, dtype="float64")
+
+    if "tool_mask" in lists and "logprobs" in lists:
+        counts: list[int | None] = []
+        for mask, lps in zip(lists["tool_mask"], lists["logprobs"]):
+            if mask is None or lps is None:
+                counts.append(None)
+                continue
+            counts.append(
+                sum(
+                    1
+                    for m, lp in zip(mask, lps)
+                    if _is_int(m) and m == 0 and not (_is_finite_number(lp) and float(lp) == 0.0)
+                )
+            )
+        out["logprob_nonzero_on_tool"] = _int_series(counts, index)
+
+    return pd.DataFrame(out, index=index)
+
+
+# --------------------------------------------------------------------------------------------
+# Expectation suite construction
+# --------------------------------------------------------------------------------------------
+
+
+def _build_expectations(
+    contract: str,
+    present: frozenset[str],
+    derived: frozenset[str],
+    families: tuple[str, ...],
+    max_level: int,
+) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    cols = _SPECS[contract]
+    exps: list[Any] = [gxe.ExpectTableRowCountToBeBetween(min_value=1)]
+    for col in cols:
+        exps.append(gxe.ExpectColumnToExist(column=col.name))
+    if contract in _EXACT_COLUMNS:
+        exps.append(
+            gxe.ExpectTableColumnsToMatchSet(
+                column_set=sorted({c.name for c in cols} | derived), exact_match=True
+            )
+        )
+
+    for col in cols:
+        if col.name not in present:
+            continue
+        name = col.name
+        if col.kind not in _LIST_KINDS:
+            exps.append(gxe.ExpectColumnValuesToNotBeNull(column=name))
+            if f"{name}__type" in derived:
+                exps.append(
+                    gxe.ExpectColumnValuesToBeInSet(column=f"{name}__type", value_set=[col.kind])
+                )
+            if col.unique:
+                exps.append(gxe.ExpectColumnValuesToBeUnique(column=name))
+            if col.value_set is not None:
+                value_set = families if col.value_set == _FAMILIES else col.value_set
+                exps.append(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(value_set)))
+            if col.min_value is not None or col.max_value is not None:
+                max_value = max_level if col.max_value == _MAX_LEVEL else col.max_value
+                exps.append(
+                    gxe.ExpectColumnValuesToBeBetween(
+                        column=name, min_value=col.min_value, max_value=max_value
+                    )
+                )
+            if col.nonblank:
+                exps.append(gxe.ExpectColumnValuesToMatchRegex(column=name, regex=r"\S"))
+            if col.json:
+                exps.append(gxe.ExpectColumnValuesToBeJsonParseable(column=name))
+            continue
+
+        length = f"{name}_len"
+        exps.append(gxe.ExpectColumnValuesToNotBeNull(column=length))
+        exps.append(gxe.ExpectColumnValuesToBeBetween(column=length, min_value=1))
+        if col.kind == "token_ids":
+            exps.append(
+                gxe.ExpectColumnValuesToBeBetween(column=f"{name}_invalid", min_value=0, max_value=0)
+            )
+        elif col.kind == "tool_mask":
+            exps.append(
+                gxe.ExpectColumnValuesToBeBetween(
+                    column="tool_mask_non_binary", min_value=0, max_value=0
+                )
+            )
+            exps.append(gxe.ExpectColumnValuesToBeBetween(column="policy_token_count", min_value=1))
+        elif col.kind == "logprobs":
+            exps.append(
+                gxe.ExpectColumnValuesToBeBetween(column="logprobs_nonfinite", min_value=0, max_value=0)
+            )
+            exps.append(gxe.ExpectColumnValuesToBeBetween(column="logprob_max", max_value=0.0))
+        if col.kind in ("tool_mask", "logprobs") and "completion_ids_len" in derived:
+            exps.append(
+                gxe.ExpectColumnPairValuesToBeEqual(column_A=length, column_B="completion_ids_len")
+            )
+
+    if "logprob_nonzero_on_tool" in derived:
+        exps.append(
+            gxe.ExpectColumnValuesToBeBetween(
+                column="logprob_nonzero_on_tool", min_value=0, max_value=0
+            )
+        )
+    for combo in _COMPOUND_UNIQUE.get(contract, ()):
+        if all(c in present for c in combo):
+            exps.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(combo)))
+    return exps
+
+
+# --------------------------------------------------------------------------------------------
+# GE runtime: one ephemeral context per process, reused
+# --------------------------------------------------------------------------------------------
+
+
+class _GXRuntime:
+    def __init__(self) -> None:
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        self._gx = gx
+        self.context = gx.get_context(mode="ephemeral")
+        self.context.variables.progress_bars = ProgressBarsConfig(
+            globally=False, metric_calculations=False
+        )
+        self.batch_definition = (
+            self.context.data_sources.add_pandas("flywheel_contracts")
+            .add_dataframe_asset("frame")
+            .add_batch_definition_whole_dataframe("whole_frame")
+        )
+        self._suites: dict[tuple, Any] = {}
+
+    def suite(self, key: tuple, build: Callable[[], list[Any]]) -> Any:
+        suite = self._suites.get(key)
+        if suite is None:
+            name = f"{key[0]}_contract_{len(self._suites)}"
+            suite = self.context.suites.add(self._gx.ExpectationSuite(name=name, expectations=build()))
+            self._suites[key] = suite
+        return suite
+
+    def validate(self, frame: pd.DataFrame, suite: Any) -> Any:
+        batch = self.batch_definition.get_batch(batch_parameters={"dataframe": frame})
+        return batch.validate(suite, result_format="BASIC")
+
+
+_RUNTIME: _GXRuntime | None = None
+_LOCK = threading.RLock()
+
+
+def _runtime() -> _GXRuntime:
+    global _RUNTIME
+    with _LOCK:
+        if _RUNTIME is None:
+            _RUNTIME = _GXRuntime()
+        return _RUNTIME
+
+
+# --------------------------------------------------------------------------------------------
+# Result -> ContractFailure
+# --------------------------------------------------------------------------------------------
+
+_MAX_DETAILS = 300
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars -> python scalars (recursively in lists/tuples), for readable reprs."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(_plain(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _column_of(kwargs: Mapping[str, Any]) -> str | None:
+    if "column" in kwargs:
+        return str(kwargs["column"])
+    if "column_A" in kwargs and "column_B" in kwargs:
+        return f"{kwargs['column_A']}, {kwargs['column_B']}"
+    if "column_list" in kwargs:
+        return ", ".join(str(c) for c in kwargs["column_list"])
+    return None
+
+
+def _note_for(column: str | None) -> str | None:
+    if column is None or ", " in column:
+        if column and column.endswith(", completion_ids_len"):
+            return "list length must equal the length of completion_ids"
+        return None
+    if column.endswith("__type"):
+        return _DERIVED_NOTES["__type"].format(src=column[: -len("__type")])
+    for suffix in ("_len", "_invalid"):
+        src = column[: -len(suffix)]
+        if column.endswith(suffix) and src in {"prompt_ids", "completion_ids", "tool_mask", "logprobs"}:
+            return _DERIVED_NOTES[suffix].format(src=src)
+    return _DERIVED_NOTES.get(column)
+
+
+def _details(res: Any, kwargs: Mapping[str, Any], column: str | None) -> str:
+    exc = getattr(res, "exception_info", None) or {}
+    if isinstance(exc, Mapping) and exc.get("raised_exception"):
+        text = f"expectation raised: {exc.get('exception_message')}"
+    else:
+        result = dict(res.result or {})
+        parts: list[str] = []
+        if "unexpected_count" in result:
+            parts.append(
+                f"{result.get('unexpected_count')} of {result.get('element_count')} rows unexpected"
+            )
+            examples = result.get("partial_unexpected_list") or []
+            if examples:
+                parts.append(f"e.g. {_short(list(examples)[:5])}")
+        elif "observed_value" in result:
+            mismatched = (result.get("details") or {}).get("mismatched")
+            if mismatched:  # column-set expectations: the mismatch is what matters
+                parts.extend(f"{k} columns {_short(v)}" for k, v in mismatched.items() if v)
+            else:
+                parts.append(f"observed {_short(result['observed_value'])}")
+        elif res.expectation_config.type == "expect_column_to_exist":
+            parts.append("column is missing")
+        expected = {
+            k: v
+            for k, v in kwargs.items()
+            if k in ("value_set", "min_value", "max_value", "regex") and v is not None
+        }
+        if expected:
+            parts.append(
+                "expected " + ", ".join(f"{k}={_short(v, 80)}" for k, v in expected.items())
+            )
+        text = "; ".join(parts) or "failed"
+    note = _note_for(column)
+    if note:
+        text = f"{text} [{note}]"
+    return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def _ge_frame(contract: str, df: pd.DataFrame, derived: pd.DataFrame) -> pd.DataFrame:
+    """The narrow frame handed to GE: scalar contract columns plus the derived columns.
+
+    GE copies the whole batch frame for many metrics (null filtering), so width matters. List
+    columns are only validated through their derived columns: they are kept by name (so
+    ``expect_column_to_exist`` sees them) with a cheap placeholder (their length) as values.
+    Extra columns only matter to contracts with an exact column set, and only by name.
+    """
+    kinds = {c.name: c.kind for c in _SPECS[contract]}
+    data: dict[str, Any] = {}
+    for name in df.columns:
+        if name in derived.columns:
+            continue  # derived columns win over same-named input columns
+        kind = kinds.get(name)
+        if kind is None:
+            if contract in _EXACT_COLUMNS:
+                data[name] = pd.Series(None, index=df.index, dtype=object)
+        elif kind in _LIST_KINDS:
+            data[name] = derived[f"{name}_len"]
+        else:
+            data[name] = df[name]
+    for name in derived.columns:
+        data[name] = derived[name]
+    return pd.DataFrame(data, index=df.index)
+
+
+def validate_contract(
+    contract: str,
+    df: pd.DataFrame,
+    *,
+    families: Iterable[str] = ("arithmetic",),
+    max_level: int = 4,
+) -> ContractReport:
+    """Validate ``df`` against ``contract`` with Great Expectations and summarise the result."""
+    if contract not in _SPECS:
+        raise _unknown_contract(contract)
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"contract {contract!r} validates a pandas DataFrame, got {type(df).__name__}")
+    families_t = tuple(sorted({str(f) for f in families}))
+    max_level = int(max_level)
+
+    derived = derive_columns(contract, df)
+    frame = _ge_frame(contract, df, derived)
+
+    present = frozenset(str(c) for c in df.columns)
+    derived_names = frozenset(derived.columns)
+    key = (contract, families_t, max_level, present & set(CONTRACT_COLUMNS[contract]), derived_names)
+    if contract in _EXACT_COLUMNS:
+        key = (*key, present)  # the exact column-set expectation depends on every column
+
+    with _LOCK:
+        rt = _runtime()
+        suite = rt.suite(
+            key,
+            lambda: _build_expectations(contract, present, derived_names, families_t, max_level),
+        )
+        order = {e.id: i for i, e in enumerate(suite.expectations)}
+        result = rt.validate(frame, suite)
+
+    failures: list[tuple[int, ContractFailure]] = []
+    for res in result.results:
+        if res.success:
+            continue
+        cfg = res.expectation_config
+        kwargs = dict(cfg.kwargs)
+        column = _column_of(kwargs)
+        failures.append(
+            (
+                order.get(getattr(cfg, "id", None), len(order)),
+                ContractFailure(expectation=cfg.type, column=column, details=_details(res, kwargs, column)),
+            )
+        )
+    failures.sort(key=lambda item: item[0])
+    return ContractReport(
+        contract=contract,
+        success=bool(result.success) and not failures,
+        evaluated=len(result.results),
+        failures=tuple(f for _, f in failures),
+        rows=len(df),
+    )
+
+
+def _md_cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _failures_markdown(report: ContractReport) -> str:
+    if not report.failures:
+        return "No failures."
+    lines = ["| expectation | column | details |", "| --- | --- | --- |"]
+    for f in report.failures:
+        lines.append(
+            f"| {_md_cell(f.expectation)} | {_md_cell(f.column or '(table)')} | {_md_cell(f.details)} |"
+        )
+    return "\n".join(lines)
+
+
+def contract_check(
+    asset_key: Any,
+    contract: str,
+    *,
+    partitions_def: Any = None,
+    families: Iterable[str] = ("arithmetic",),
+    max_level: int = 4,
+    name: str | None = None,
+) -> AssetChecksDefinition:
+    """A blocking, ERROR-severity Dagster asset check validating ``asset_key``'s value against ``contract``.
+
+    ``asset_key`` is anything Dagster can coerce to an asset key (a string such as
+    ``"training_tasks"``, a key path, an ``AssetKey`` or the asset definition). The asset's value
+    is loaded by the asset's IO manager (for a partitioned asset, pass the asset's
+    ``partitions_def`` so the check runs per partition on that partition's value).
+    """
+    if contract not in _SPECS:
+        raise _unknown_contract(contract)
+    families_t: tuple[str, ...] = tuple(families)
+    if isinstance(families, str):
+        families_t = (families,)
+    check_kwargs: dict[str, Any] = {}
+    if partitions_def is not None:
+        check_kwargs["partitions_def"] = partitions_def
+
+    @asset_check(
+        asset=asset_key,
+        name=name or f"{contract}_contract",
+        blocking=True,
+        description=(
+            f"Great Expectations '{contract}' data contract "
+            f"(families={list(families_t)}, max_level={max_level}); blocks downstream assets on failure."
+        ),
+        metadata={"contract": contract},
+        **check_kwargs,
+    )
+    def _contract_check(context, frame):
+        # ``frame`` is the checked asset's value: @asset_check binds the single non-context
+        # parameter to the target asset regardless of its name. (No annotations: with postponed
+        # evaluation Dagster would see the context annotation as a string and reject it.)
+        report = validate_contract(contract, frame, families=families_t, max_level=max_level)
+        description = report.message() or "all expectations met"
+        if not report.success:
+            context.log.error(description)
+        return AssetCheckResult(
+            passed=report.success,
+            severity=AssetCheckSeverity.ERROR,
+            description=description,
+            metadata={
+                "rows": report.rows,
+                "expectations_evaluated": report.evaluated,
+                "failures": MetadataValue.md(_failures_markdown(report)),
+            },
+        )
+
+    return _contract_check

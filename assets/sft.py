@@ -1,0 +1,97 @@
+"""Tokenizer, base model, expert trajectories and the SFT checkpoint."""
+
+import pandas as pd
+import torch
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Output, asset
+
+from assets.contracts import contract_check
+from assets.plots import curves_png, markdown_image
+from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
+from assets.tracking import MLflowTracker
+from environments.arithmetic import FAMILY, LEVELS
+from environments.tools import CodeInterpreter
+from training.model import build_model, load_policy, load_tokenizer, num_parameters, save_checkpoint
+from training.sft import Example, train_sft
+from training.tokenizer import tag_ids, train_tokenizer
+from training.trajectories import build_sft_trajectories, tokenizer_corpus
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    return df.to_dict("records")
+
+
+def load_checkpoint(storage: ArtifactStore, pointer: dict, dtype: str = "float32"):
+    path = storage.local_path(pointer["uri"])
+    return load_policy(path, dtype), load_tokenizer(path)
+
+
+@asset(group_name="model", description="BPE tokenizer trained on the synthetic corpus (or the pretrained model's own).")
+def tokenizer(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, training_tasks: pd.DataFrame) -> dict:
+    cfg = settings.config.model
+    tok = load_tokenizer(cfg.name_or_path) if cfg.source == "pretrained" else train_tokenizer(tokenizer_corpus(records(training_tasks)), cfg.vocab_size)
+    tags = tag_ids(tok)
+    with storage.writable_dir("tokenizer") as (path, uri):
+        tok.save_pretrained(path)
+    context.add_output_metadata({"vocab_size": len(tok), "tag_ids": MetadataValue.json(tags), "uri": uri})
+    return {"uri": uri, "vocab_size": len(tok)}
+
+
+@asset(group_name="model", description="The initial policy: a Qwen2 built from config, or the pretrained checkpoint.")
+def base_model(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, tokenizer: dict) -> dict:
+    cfg = settings.config
+    tok = load_tokenizer(storage.local_path(tokenizer["uri"]))
+    if cfg.model.source == "pretrained":
+        model = load_policy(cfg.model.name_or_path, cfg.model.dtype)
+    else:
+        model = build_model(cfg.model, len(tok), tok.eos_token_id, cfg.seed)
+    with storage.writable_dir("checkpoints", "base") as (path, uri):
+        save_checkpoint(model, tok, path)
+    context.add_output_metadata({"parameters": num_parameters(model), "architecture": type(model).__name__, "uri": uri})
+    return {"uri": uri, "parameters": num_parameters(model)}
+
+
+@asset(group_name="sft", description="Teacher trajectories (tool calls run in the sandbox), tokenized with tool_mask.")
+def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                     training_tasks: pd.DataFrame, tokenizer: dict) -> pd.DataFrame:
+    cfg = settings.config
+    tok = load_tokenizer(storage.local_path(tokenizer["uri"]))
+    with sandbox.open() as box:
+        rows = build_sft_trajectories(records(training_tasks), tok, CodeInterpreter(box), n=cfg.teacher.num_trajectories, seed=cfg.seed,
+                                      p_direct=cfg.teacher.p_direct, hard_levels=cfg.teacher.hard_levels)
+    df = pd.DataFrame(rows)
+    mix = df.groupby(["level", "strategy"]).size().unstack(fill_value=0)
+    context.add_output_metadata({
+        "rows": len(df), "teacher_accuracy": float(df["correct"].mean()), "tool_fraction": float((df["strategy"] == "tool").mean()),
+        "strategy_by_level": MetadataValue.md(mix.to_markdown()), "example": MetadataValue.text(df["completion"].iloc[0]),
+    })
+    return df
+
+
+sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=(FAMILY,), max_level=max(LEVELS))
+
+
+@asset(group_name="sft", description="The policy after SFT on teacher trajectories (loss on policy tokens only).")
+def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, tracker: MLflowTracker,
+                   sft_trajectories: pd.DataFrame, base_model: dict) -> Output[dict]:
+    cfg = settings.config
+    torch.set_num_threads(cfg.threads)
+    model, tok = load_checkpoint(storage, base_model, cfg.model.dtype)
+    examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["tool_mask"])) for r in records(sft_trajectories)]
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        context.log.info(f"sft step {step}/{cfg.sft.steps}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+    with tracker.run(context, "sft_checkpoint", {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "teacher": cfg.teacher.model_dump()}) as run_id:
+        history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, on_log=log)
+        tracker.log_history(run_id, history)
+        png = curves_png(history, ["loss/sft", "perf/grad_norm"], "SFT")
+        tracker.log_png(run_id, png, "sft_curves.png")
+    with storage.writable_dir("checkpoints", "sft") as (path, uri):
+        save_checkpoint(model, tok, path)
+    return Output({"uri": uri, "mlflow_run_id": run_id}, metadata={
+        "final_loss": history[-1]["loss/sft"], "steps": cfg.sft.steps, "mlflow_run_id": run_id, "uri": uri,
+        "curves": markdown_image(png, "SFT loss"),
+    })
+
+
+__all__ = ["MaterializeResult", "base_model", "load_checkpoint", "records", "sft_checkpoint", "sft_trajectories", "sft_trajectories_contract", "tokenizer"]

@@ -1,0 +1,117 @@
+"""MLflow as a Dagster resource: one run per asset materialization, the model registry with
+aliases (`champion`, `challenger`), and the per-task scores the promotion gate compares."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from dagster import ConfigurableResource
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+class MLflowTracker(ConfigurableResource):
+    tracking_uri: str
+    experiment: str = "agentic-flywheel"
+    registered_model: str = "agentic-policy"
+
+    def client(self):
+        import mlflow
+        from mlflow import MlflowClient
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        return MlflowClient(self.tracking_uri)
+
+    @contextlib.contextmanager
+    def run(self, context, name: str, params: dict[str, Any] | None = None) -> Iterator[str]:
+        """Start a run tagged with the Dagster run id, asset and partition; yield its id."""
+        import mlflow
+
+        self.client()
+        mlflow.set_experiment(self.experiment)
+        partition = context.partition_key if context.has_partition_key else ""
+        tags = {"dagster.run_id": context.run_id, "dagster.asset": name, "dagster.partition": partition}
+        with mlflow.start_run(run_name=f"{name}{'-' + partition if partition else ''}", tags=tags) as run:
+            if params:
+                mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
+            yield run.info.run_id
+
+    def log_history(self, run_id: str, history: list[dict[str, float]]) -> None:
+        """Per-step metrics in one batch call (a call per value is slow on sqlite)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, int(h["step"])) for h in history for k, v in h.items() if k != "step" and v is not None]
+        client = self.client()
+        for i in range(0, len(metrics), 900):
+            client.log_batch(run_id, metrics=metrics[i : i + 900])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        self.log_history(run_id, [{"step": 0, **metrics}])
+
+    def log_png(self, run_id: str, png: bytes, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            path.write_bytes(png)
+            self.client().log_artifact(run_id, str(path), "plots")
+
+    def log_json(self, run_id: str, obj: Any, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            path.write_text(json.dumps(obj))
+            self.client().log_artifact(run_id, str(path))
+
+    def load_json(self, run_id: str, name: str) -> Any:
+        import mlflow
+
+        self.client()
+        return json.loads(Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name)).read_text())
+
+    def register_checkpoint(self, run_id: str, checkpoint_dir: Path, tags: dict[str, str]):
+        """Log the HF folder to the run and make it a new version of the registered model."""
+        from mlflow.exceptions import MlflowException
+
+        client = self.client()
+        client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
+        try:
+            client.create_registered_model(self.registered_model)
+        except MlflowException:
+            pass  # already exists
+        source = f"{client.get_run(run_id).info.artifact_uri}/checkpoint"
+        return client.create_model_version(self.registered_model, source, run_id=run_id, tags=tags)
+
+    def version_by_alias(self, alias: str):
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client().get_model_version_by_alias(self.registered_model, alias)
+        except MlflowException:
+            return None
+
+    def set_alias(self, alias: str, version: str) -> None:
+        self.client().set_registered_model_alias(self.registered_model, alias, version)
+
+    def versions(self) -> list:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = self.client().search_model_versions(f"name='{self.registered_model}'")
+        except MlflowException:
+            return []
+        return sorted(found, key=lambda v: int(v.version))

@@ -1,0 +1,175 @@
+"""Typed configuration: one pydantic model per stage, one `FlywheelConfig` that holds them.
+
+This module is the single source of truth for every knob. Profiles (`configs/<name>.yaml`) only
+hold *values*; they are validated against these models before any work starts, and a bad value
+fails with the field path and the value (see `configs.load_profile`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo in a profile must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_Strict):
+    """Task synthesis for the arithmetic-with-interpreter family (ReTool style)."""
+
+    num_train_tasks: int = Field(6000, ge=10, description="Training tasks generated per flywheel.")
+    num_benchmark_tasks: int = Field(1200, ge=10, description="Held-out tasks, disjoint from training.")
+    levels: tuple[int, ...] = Field((1, 2, 3, 4), description="Difficulty levels to generate (1..4).")
+    level_weights: tuple[float, ...] = Field((1, 1, 1, 1), description="Sampling weight per level.")
+    task_file: Path | None = Field(None, description="Load training tasks from this JSONL file instead of generating them.")
+    seed: int = Field(0, description="Seed for task generation; the benchmark uses seed + 1_000_003.")
+
+    @model_validator(mode="after")
+    def _levels_match(self) -> "DataConfig":
+        if len(self.level_weights) != len(self.levels):
+            raise ValueError(f"level_weights has {len(self.level_weights)} entries but levels has {len(self.levels)}")
+        if any(level not in (1, 2, 3, 4) for level in self.levels):
+            raise ValueError(f"levels must be within 1..4, got {self.levels}")
+        return self
+
+
+class TeacherConfig(_Strict):
+    """The scripted, imperfect demonstrator that writes SFT trajectories."""
+
+    p_direct: float = Field(0.6, ge=0.0, le=1.0, description="Probability the teacher answers without the tool.")
+    hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where a direct (mental) answer is wrong.")
+    num_trajectories: int = Field(6000, ge=1, description="SFT trajectories to write (one per training task, cycling).")
+
+
+class ModelConfig(_Strict):
+    """Either a small Qwen2 built from config (`source: scratch`) or a HF checkpoint (path or hub id)."""
+
+    source: Literal["scratch", "pretrained"] = "scratch"
+    name_or_path: str | None = Field(None, description="HF checkpoint path or hub id when source == pretrained.")
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(512, ge=8)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(4, ge=1)
+    max_position_embeddings: int = Field(256, ge=32)
+    vocab_size: int = Field(160, ge=40, description="Target vocabulary of the trained BPE tokenizer (scratch only).")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelConfig":
+        if self.source == "pretrained" and not self.name_or_path:
+            raise ValueError("name_or_path is required when source == 'pretrained'")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return self
+
+
+class SFTConfig(_Strict):
+    steps: int = Field(1200, ge=1)
+    batch_size: int = Field(64, ge=1)
+    learning_rate: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(50, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    log_every: int = Field(50, ge=1)
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["hf", "vllm"] = "hf"
+    temperature: float = Field(1.0, gt=0)
+    max_turns: int = Field(3, ge=1, description="Policy turns per episode (each tool call ends a turn).")
+    max_new_tokens_per_turn: int = Field(48, ge=1)
+    max_total_tokens: int = Field(160, ge=16, description="Prompt + completion budget per trajectory.")
+    max_observation_tokens: int = Field(24, ge=1, description="Tool output longer than this is truncated.")
+
+
+class RLConfig(_Strict):
+    algorithm: Literal["grpo"] = "grpo"
+    advantage_estimator: str = "grpo"
+    policy_loss: str = "ppo_clip"
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    rounds: int = Field(2, ge=1, description="RL rounds run by `make run`; each is one Dagster partition.")
+    steps_per_round: int = Field(30, ge=1)
+    prompts_per_step: int = Field(32, ge=1)
+    group_size: int = Field(8, ge=2, description="Samples per prompt (G in GRPO).")
+    learning_rate: float = Field(1e-3, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0, description="DAPO clip-higher: > clip_low keeps exploration alive.")
+    kl_coef: float = Field(0.01, ge=0, description="Weight of the K3 KL to the SFT reference (policy tokens only).")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    minibatches: int = Field(2, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    drop_zero_variance_groups: bool = Field(True, description="Groups with identical rewards carry no GRPO signal.")
+    init_from: Literal["champion", "sft"] = Field("champion", description="Where each round starts.")
+
+
+class RewardConfig(_Strict):
+    """Outcome dominates; shaping terms are small and capped (documented in docs/architecture.md)."""
+
+    outcome_weight: float = Field(1.0, gt=0)
+    format_weight: float = Field(0.1, ge=0)
+    tool_cost: float = Field(0.1, ge=0, description="Subtracted per tool call (ToolRL tool efficiency).")
+    max_tool_penalty: float = Field(0.3, ge=0, description="Cap on the total tool cost.")
+    rel_tol: float = Field(1e-6, ge=0, description="Relative tolerance of numeric equivalence.")
+
+    @model_validator(mode="after")
+    def _outcome_dominant(self) -> "RewardConfig":
+        if self.format_weight + self.max_tool_penalty >= self.outcome_weight:
+            raise ValueError("shaping (format_weight + max_tool_penalty) must stay below outcome_weight")
+        return self
+
+
+class SandboxConfig(_Strict):
+    kind: Literal["bubblewrap", "docker"] = "bubblewrap"
+    pool_size: int = Field(2, ge=1)
+    timeout_s: float = Field(2.0, gt=0)
+    memory_mb: int = Field(256, ge=16)
+    max_processes: int = Field(8, ge=1)
+
+
+class BenchmarkConfig(_Strict):
+    samples_per_task: int = Field(1, ge=1, description="k sampled completions per task for pass@1 (averaged).")
+    temperature: float = Field(1.0, gt=0)
+    confidence: float = Field(0.95, gt=0, lt=1)
+    promotion_margin: float = Field(0.0, description="Promote iff the CI lower bound of (new - champion) exceeds this.")
+    batch_size: int = Field(512, ge=1)
+
+
+class TrackingConfig(_Strict):
+    experiment: str = "agentic-flywheel"
+    registered_model: str = "agentic-policy"
+    tracking_uri: str | None = Field(None, description="Default sqlite:///$FLYWHEEL_HOME/mlflow.db; MLFLOW_TRACKING_URI wins.")
+
+
+class StorageConfig(_Strict):
+    root: str | None = Field(None, description="Artifact root: local path or s3://bucket/prefix. Default $FLYWHEEL_HOME/artifacts.")
+
+
+class OrchestrationConfig(_Strict):
+    executor: Literal["in_process", "multiprocess", "k8s"] = "in_process"
+    retrain_interval_hours: float = Field(24.0, gt=0, description="How often the retraining sensor starts a new round.")
+
+
+class FlywheelConfig(_Strict):
+    profile: str = "tiny"
+    seed: int = 0
+    threads: int = Field(2, ge=1, description="torch intra-op threads on CPU.")
+    device: Literal["cpu", "cuda"] = "cpu"
+    data: DataConfig = DataConfig()
+    teacher: TeacherConfig = TeacherConfig()
+    model: ModelConfig = ModelConfig()
+    sft: SFTConfig = SFTConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    rl: RLConfig = RLConfig()
+    reward: RewardConfig = RewardConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    benchmark: BenchmarkConfig = BenchmarkConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    storage: StorageConfig = StorageConfig()
+    orchestration: OrchestrationConfig = OrchestrationConfig()

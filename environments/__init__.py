@@ -1,0 +1,1 @@
+"""Task families and their tools. The foundation ships arithmetic with a code interpreter."""

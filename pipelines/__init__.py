@@ -1,0 +1,1 @@
+"""Dagster definitions, jobs, the retraining sensor, resources per profile, and `make run`."""

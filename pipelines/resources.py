@@ -1,0 +1,41 @@
+"""The one place a profile picks its resources, IO manager and executor."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dagster import ExecutorDefinition, in_process_executor, multiprocess_executor
+
+from assets.io import FrameIOManager
+from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource, default_tracking_uri
+from assets.tracking import MLflowTracker
+from configs import FlywheelConfig, flywheel_home
+
+
+def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    home = flywheel_home()
+    root = cfg.storage.root or str(home / "artifacts")
+    return {
+        "settings": FlywheelSettings(profile=cfg.profile, overrides_json=json.dumps(overrides or {})),
+        "storage": ArtifactStore(root=root, cache_dir=str(home / "cache")),
+        "io_manager": FrameIOManager(root=f"{root.rstrip('/')}/assets"),
+        "tracker": MLflowTracker(
+            tracking_uri=cfg.tracking.tracking_uri or default_tracking_uri(home),
+            experiment=cfg.tracking.experiment,
+            registered_model=cfg.tracking.registered_model,
+        ),
+        "sandbox": SandboxResource.from_config(cfg.sandbox),
+    }
+
+
+def executor_for(cfg: FlywheelConfig) -> ExecutorDefinition:
+    if cfg.orchestration.executor == "in_process":
+        return in_process_executor  # tiny models: a process per step would cost more than the step
+    if cfg.orchestration.executor == "multiprocess":
+        return multiprocess_executor
+    try:
+        from dagster_k8s import k8s_job_executor
+    except ImportError as exc:
+        raise RuntimeError("orchestration.executor = k8s needs the dagster-k8s package (installed in the cluster image)") from exc
+    return k8s_job_executor

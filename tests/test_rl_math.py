@@ -1,0 +1,337 @@
+"""Hand-computed checks for training/rl_math.py. Every expected number is derived in a comment."""
+import math
+
+import pytest
+import torch
+
+from training.rl_math import (
+    AGG_MODES, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry, agg_loss, agg_normalizers,
+    entropy_from_logits, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty,
+    masked_mean, token_logprobs,
+)
+
+R2 = 1 / math.sqrt(2)
+
+
+def _close(actual, expected, atol=1e-5):
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
+                               torch.as_tensor(expected, dtype=torch.float32), atol=atol, rtol=0)
+
+
+# ----------------------------------------------------------------------------- advantages
+def test_grpo_two_contiguous_groups():
+    # g0 = [1, 0]: mean .5, unbiased std sqrt(.5) -> +-.5/.7071 = +-.7071
+    # g1 = [1, .5]: mean .75, unbiased std sqrt(.125) -> +-.25/.35355 = +-.7071
+    adv = get_advantage_estimator("grpo")(torch.tensor([1.0, 0.0, 1.0, 0.5]), torch.tensor([0, 0, 1, 1]))
+    _close(adv, [R2, -R2, R2, -R2])
+
+
+# rewards [1, 0, .5, 1, 0], groups [9, 2, 9, 2, 9] (non-contiguous, unsorted ids):
+#   g9 = [1, .5, 0]: mean .5, unbiased std sqrt((.25 + 0 + .25) / 2) = .5
+#   g2 = [0, 1]:     mean .5, unbiased std sqrt(.5)
+NONCONTIG = (torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0]), torch.tensor([9, 2, 9, 2, 9]))
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("grpo", [1.0, -R2, 0.0, R2, -1.0]),       # (r - mean) / std
+    ("dr_grpo", [0.5, -0.5, 0.0, 0.5, -0.5]),  # r - mean
+    # leave-one-out: g9: 1-(.5+0)/2=.75, .5-(1+0)/2=0, 0-(1+.5)/2=-.75; g2: 0-1=-1, 1-0=1
+    ("rloo", [0.75, -1.0, 0.0, 1.0, -0.75]),
+])
+def test_estimators_non_contiguous_groups(name, expected):
+    _close(get_advantage_estimator(name)(*NONCONTIG), expected)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_zero_variance_and_singleton_groups_are_exactly_zero(name):
+    # in float32 sum([.9, .9, .9]) / 3 != .9 (off by 6e-8; / eps would make 0.06); must still be 0
+    rewards = torch.tensor([0.9, 0.9, 0.9, 0.3, 0.7, 5.0])
+    adv = get_advantage_estimator(name)(rewards, torch.tensor([4, 4, 4, 1, 1, 8]))
+    assert torch.equal(adv[:3], torch.zeros(3))   # constant group
+    assert adv[5].item() == 0.0                    # singleton group
+    assert adv[3].item() < 0 < adv[4].item()       # the live group still gets signal
+
+
+def test_group_stats_matches_python_loop():
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(60, generator=g)
+    ids = torch.tensor([3, 17, 42, 1000, 5, 77])[torch.randint(0, 6, (60,), generator=g)]
+    ids[0] = 123456  # guarantee a singleton
+    mean, std = group_stats(rewards, ids)
+    for i in range(60):
+        members = rewards[ids == ids[i]]
+        _close(mean[i], members.mean())
+        _close(std[i], members.std(correction=1) if len(members) > 1 else 0.0)
+
+
+# ----------------------------------------------------------------------------- token helpers
+def test_token_logprobs_matches_loop_and_temperature():
+    g = torch.Generator().manual_seed(1)
+    logits, ids = torch.randn(2, 3, 5, generator=g) * 3, torch.randint(0, 5, (2, 3), generator=g)
+    for temp in (1.0, 0.7):
+        out = token_logprobs(logits, ids, temperature=temp)
+        loop = torch.tensor([[torch.log_softmax(logits[b, t] / temp, -1)[ids[b, t]].item()
+                              for t in range(3)] for b in range(2)])
+        _close(out, loop)
+    _close(token_logprobs(logits, ids, 2.0), token_logprobs(logits / 2, ids))
+    assert not torch.allclose(token_logprobs(logits, ids, 2.0), token_logprobs(logits, ids))
+    assert token_logprobs(logits.bfloat16(), ids).dtype == torch.float32
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(logits, ids, 0.0)
+
+
+def test_entropy():
+    _close(entropy_from_logits(torch.zeros(2, 3, 7)), torch.full((2, 3), math.log(7)))
+    _close(entropy_from_logits(torch.zeros(1, 1, 7), temperature=0.3), [[math.log(7)]])
+    peaked = torch.zeros(1, 2, 7)
+    peaked[..., 0] = 50.0
+    assert entropy_from_logits(peaked).max().item() < 1e-6
+    # p = [.5, .25, .25]: H = .5 ln2 + 2 * .25 ln4 = 1.5 ln2; a -inf logit adds 0, not NaN
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25, 0.0]]]))
+    _close(entropy_from_logits(logits), [[1.5 * math.log(2)]])
+
+
+def test_masked_mean_ignores_nan_padding_and_handles_empty_mask():
+    x = torch.tensor([[1.0, 3.0, float("nan")], [5.0, float("inf"), 7.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    _close(masked_mean(x, mask), 3.0)                # (1 + 3 + 5) / 3
+    _close(masked_mean(x, mask, dim=-1), [2.0, 5.0])
+    _close(masked_mean(x, torch.zeros(2, 3)), 0.0)
+
+
+def test_kl_hand_values():
+    # logp = ln .5, ref = ln .25: d = logp - ref = ln 2
+    logp, ref = torch.log(torch.tensor([[0.5]])), torch.log(torch.tensor([[0.25]]))
+    _close(kl_penalty(logp, ref, "k1"), [[math.log(2)]])
+    _close(kl_penalty(logp, ref, "k2"), [[0.5 * math.log(2) ** 2]])       # .2402
+    _close(kl_penalty(logp, ref, "k3"), [[0.5 + math.log(2) - 1.0]])     # e^-d + d - 1 = .1931
+
+
+def test_k3_nonnegative_zero_when_equal_and_finite_on_garbage():
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(8, 50, generator=g) * 5, torch.randn(8, 50, generator=g) * 5
+    assert (kl_penalty(a, b) >= 0).all()
+    assert torch.equal(kl_penalty(a, a), torch.zeros_like(a))
+    huge = torch.tensor([[1e4, -1e4]])
+    assert torch.isfinite(kl_penalty(huge, -huge)).all()  # both signs: exp(2e4) would be inf
+    with pytest.raises(ValueError, match="'k9'"):
+        kl_penalty(a, b, "k9")
+
+
+# ----------------------------------------------------------------------------- aggregation
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("mode, kwargs, expected", [
+    ("token_mean", {}, (1 + 2 + 4) / 3),
+    ("token_mean", {"num_tokens": 7.0}, 1.0),
+    ("seq_mean_token_mean", {}, (1.5 + 4.0) / 2),
+    ("seq_mean_token_mean", {"num_seqs": 5.0}, 5.5 / 5),
+    ("seq_mean_token_sum_norm", {"max_tokens": 4}, (3 / 4 + 4 / 4) / 2),
+    ("seq_mean_token_sum_norm", {"max_tokens": 4, "num_seqs": 7.0}, 1.75 / 7),
+])
+def test_agg_loss_hand_values(mode, kwargs, expected):
+    _close(agg_loss(LOSS, MASK, mode, **kwargs), expected)
+    garbage = LOSS.clone()
+    garbage[MASK == 0] = float("nan")
+    _close(agg_loss(garbage, MASK.bool(), mode, **kwargs), expected)
+
+
+def test_agg_loss_all_padding_rows_do_not_count_and_errors():
+    loss, mask = torch.cat([LOSS, torch.full((1, 3), 1e4)]), torch.cat([MASK, torch.zeros(1, 3)])
+    _close(agg_loss(loss, mask, "seq_mean_token_mean"), 5.5 / 2)
+    _close(agg_loss(LOSS, torch.zeros(2, 3), "token_mean"), 0.0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        agg_loss(LOSS, MASK, "seq_mean_token_sum_norm")
+    with pytest.raises(ValueError, match="'sum'.*token_mean"):
+        agg_loss(LOSS, MASK, "sum")
+
+
+def _varlen_batch(B=8, T=12, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([1, 12, 3, 0, 7, 2, 11, 5])[:B]  # unequal, incl. an all-padding row
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    return torch.randn(B, T, generator=g), torch.randn(B, T, generator=g), mask
+
+
+def _grad(fn, w):
+    w = w.clone().requires_grad_(True)
+    fn(w).backward()
+    return w.grad
+
+
+@pytest.mark.parametrize("mode", AGG_MODES.names())
+@pytest.mark.parametrize("n_micro", [2, 4])
+def test_agg_loss_micro_batch_gradient_invariance(mode, n_micro):
+    w0, target, mask = _varlen_batch()
+    T = mask.shape[1]
+
+    def full(w):  # per-token loss depends on the parameter; local (= global) counts by default
+        return agg_loss((w - target) ** 2, mask, mode, max_tokens=T)
+
+    num_tokens, num_seqs = map(sum, zip(*(agg_normalizers(m) for m in mask.chunk(n_micro))))
+
+    def accumulated(w):
+        total = 0.0
+        for rows in torch.arange(8).chunk(n_micro):
+            m = mask[rows]
+            width = max(int(m.sum(-1).max()), 1)  # dynamic padding: each micro-batch is trimmed
+            lm = ((w[rows] - target[rows]) ** 2)[:, :width]
+            total = total + agg_loss(lm, m[:, :width], mode, num_tokens=num_tokens,
+                                     num_seqs=num_seqs, max_tokens=T)
+        return total
+
+    _close(_grad(accumulated, w0), _grad(full, w0), atol=1e-6)
+    _close(accumulated(w0), full(w0), atol=1e-6)
+
+
+def test_token_mean_without_global_count_is_not_invariant():
+    w0, target, mask = _varlen_batch()
+    full = agg_loss((w0 - target) ** 2, mask, "token_mean")
+    # naive accumulation: average of per-micro-batch token means (micro-batches hold 16 vs 24 tokens)
+    naive = sum(agg_loss(((w0 - target) ** 2)[r], mask[r], "token_mean")
+                for r in torch.arange(8).chunk(2)) / 2
+    assert abs(naive.item() - full.item()) > 1e-3
+
+
+# ----------------------------------------------------------------------------- ppo_clip
+def _ppo(logp, old, adv, mask, **kw):
+    return get_policy_loss("ppo_clip")(logp, old, adv, mask, **kw)
+
+
+def test_ppo_ratio_one_is_minus_mean_advantage():
+    adv, mask = torch.tensor([[1.0, -2.0, 4.0], [3.0, 100.0, 100.0]]), MASK
+    lp = torch.randn(2, 3)
+    loss, metrics = _ppo(lp, lp.clone(), adv, mask)
+    _close(loss, -(1 - 2 + 3) / 3)
+    assert metrics == pytest.approx({"clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0})
+
+
+def test_ppo_hand_clipping_and_gradients():
+    # tok0: r=1.5, A=+1 -> clipped at 1.2: loss -1.2 (no grad)
+    # tok1: r=0.5, A=-1 -> unclipped .5, clipped .8: loss .8 (clipped, no grad)
+    # tok2: r=1.5, A=-1 -> unclipped 1.5 > clipped 1.2: loss 1.5, d/dlogp = r = 1.5, /3 tokens
+    # tok3: padding with garbage
+    old = torch.zeros(1, 4)
+    logp = torch.tensor([[math.log(1.5), math.log(0.5), math.log(1.5), 1e4]], requires_grad=True)
+    adv, mask = torch.tensor([[1.0, -1.0, -1.0, 1e4]]), torch.tensor([[1, 1, 1, 0]])
+    loss, metrics = _ppo(logp, old, adv, mask)
+    _close(loss, (-1.2 + 0.8 + 1.5) / 3)
+    loss.backward()
+    _close(logp.grad, [[0.0, 0.0, 0.5, 0.0]])
+    assert metrics["clip_frac"] == pytest.approx(2 / 3)
+    assert metrics["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.5) / 3)
+    assert metrics["ratio_max"] == pytest.approx(1.5)
+    # k3 vs old: r - 1 - ln r
+    k3 = [r - 1 - math.log(r) for r in (1.5, 0.5, 1.5)]
+    assert metrics["approx_kl"] == pytest.approx(sum(k3) / 3, rel=1e-5)
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_ppo_clip_higher_is_asymmetric():
+    # tok0: r=1.25, A=+1: symmetric clips at 1.2 (-1.2); clip_high=.28 leaves it (-1.25)
+    # tok1: r=0.75, A=-1: lower bound .8 either way: max(.75, .8) = .8, clipped
+    logp, old = torch.log(torch.tensor([[1.25, 0.75]])), torch.zeros(1, 2)
+    adv, mask = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
+    sym, m_sym = _ppo(logp, old, adv, mask)
+    high, m_high = _ppo(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    _close(sym, (-1.2 + 0.8) / 2)
+    _close(high, (-1.25 + 0.8) / 2)
+    assert (m_sym["clip_frac"], m_high["clip_frac"]) == (1.0, 0.5)
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "gspo"])
+def test_padding_garbage_changes_nothing(name):
+    g = torch.Generator().manual_seed(4)
+    _, _, mask = _varlen_batch()
+    lp, old = torch.randn(8, 12, generator=g) * 0.1 - 2, torch.randn(8, 12, generator=g) * 0.1 - 2
+    adv = torch.randn(8, 1, generator=g).expand(8, 12)
+    pad = mask == 0
+    outs = []
+    for fill in (0.0, 1e4, float("nan")):
+        lp_f = torch.where(pad, fill, lp).requires_grad_(True)
+        loss, metrics = get_policy_loss(name)(lp_f, torch.where(pad, -fill, old),
+                                              torch.where(pad, fill, adv), mask, clip_high=0.28)
+        loss.backward()
+        assert torch.isfinite(lp_f.grad).all() and (lp_f.grad[pad] == 0).all()
+        outs.append((loss.item(), metrics, lp_f.grad))
+    for loss, metrics, grad in outs[1:]:
+        assert loss == pytest.approx(outs[0][0], abs=1e-7)
+        assert metrics == pytest.approx(outs[0][1], abs=1e-7)
+        _close(grad, outs[0][2], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- gspo
+def _gspo(logp, old, adv, mask, **kw):
+    return get_policy_loss("gspo")(logp, old, adv, mask, **kw)
+
+
+def test_gspo_equal_logprobs_is_minus_mean_sequence_advantage():
+    # unequal lengths (2, 1, 3 tokens): per-sequence aggregation, so each sequence weighs 1/3
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    adv = torch.tensor([[1.0], [-2.0], [0.5]]).expand(3, 3)
+    lp = torch.randn(3, 3)
+    loss, metrics = _gspo(lp, lp.clone(), adv, mask)
+    _close(loss, -(1 - 2 + 0.5) / 3)
+    assert metrics["clip_frac"] == 0.0 and metrics["ratio_max"] == pytest.approx(1.0)
+
+
+def test_gspo_sequence_level_clipping_by_hand():
+    # seq0: token ratios [1.5, 1.5] -> s = 1.5, A=+1: clipped at 1.2 -> -1.2, no gradient
+    # seq1: token ratios [2, .5]    -> s = exp(mean(ln2, -ln2)) = 1, A=-1 -> +1.0, NOT clipped,
+    #       although token-level PPO would clip both of its tokens.
+    # gradient of seq1 tokens: d(-A * s_it)/dlogp_t = s = 1, / 2 tokens / 2 seqs = .25
+    logp = torch.log(torch.tensor([[1.5, 1.5], [2.0, 0.5]])).requires_grad_(True)
+    adv, mask = torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), torch.ones(2, 2)
+    loss, metrics = _gspo(logp, torch.zeros(2, 2), adv, mask)
+    _close(loss, (-1.2 + 1.0) / 2)
+    loss.backward()
+    _close(logp.grad, [[0.0, 0.0], [0.25, 0.25]])
+    assert metrics["clip_frac"] == pytest.approx(0.5)
+    # token-level PPO on the same data clips 3 of 4 tokens (seq1: r=2, A=-1 stays unclipped)
+    assert _ppo(logp.detach(), torch.zeros(2, 2), adv, mask)[1]["clip_frac"] == pytest.approx(0.75)
+
+
+def test_gspo_token_form_gradient_equals_sequence_objective():
+    # GSPO: J = mean_i A_i * s_i(theta), s_i = exp(mean_t over mask of (logp - old)); wide clip range
+    g = torch.Generator().manual_seed(5)
+    _, _, mask = _varlen_batch()
+    old = torch.randn(8, 12, generator=g) * 0.1
+    lp0 = old + torch.randn(8, 12, generator=g) * 0.05
+    a = torch.randn(8, 1, generator=g)
+
+    def sequence_level(lp):
+        s = torch.exp(masked_mean(lp - old, mask, dim=-1))
+        live = mask.any(-1)
+        return -(a[:, 0] * s)[live].sum() / live.sum()
+
+    token_form = _grad(lambda lp: _gspo(lp, old, a.expand(8, 12), mask, clip_low=10.0, clip_high=10.0)[0], lp0)
+    _close(token_form, _grad(sequence_level, lp0), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- registry
+@pytest.mark.parametrize("getter, expected", [
+    (get_policy_loss, ["gspo", "ppo_clip"]),
+    (get_advantage_estimator, ["dr_grpo", "grpo", "rloo"]),
+])
+def test_registry_unknown_name_lists_available(getter, expected):
+    for exc in (KeyError, ValueError):
+        with pytest.raises(exc) as info:
+            getter("nope")
+        assert "'nope'" in str(info.value) and ", ".join(expected) in str(info.value)
+
+
+def test_registry_generic_behaviour():
+    assert POLICY_LOSSES.names() == ["gspo", "ppo_clip"] and "grpo" in ADVANTAGE_ESTIMATORS
+    reg = Registry("widget")
+
+    @reg.register("a")
+    def a():
+        return 1
+
+    assert reg.get("a") is a and reg.names() == ["a"]
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a")(lambda: 2)
+    with pytest.raises(KeyError, match="unknown widget 'b'; available: a"):
+        reg.get("b")

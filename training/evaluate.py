@@ -1,0 +1,91 @@
+"""Held-out benchmark: sampled pass@1 with a confidence interval, greedy pass@1, tool use.
+
+Primary pass@1 is estimated by sampling at the rollout temperature (k samples per task,
+averaged), as DeepSeek-R1 reports it: greedy decoding shows only the argmax behaviour and hides
+a mixed policy (FIELD-NOTES calibration). The promotion gate compares two checkpoints on the
+same tasks with a *paired* interval, which is much tighter than two independent ones.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import torch
+
+from configs.schema import RolloutConfig
+from environments.tools import CodeInterpreter
+from training.rollout import run_episodes
+from training.scoring import episode_record, score_record
+from verifiers.rewards import RewardWeights
+
+
+def evaluate_policy(
+    model, tokenizer, tasks: list[dict], tool: CodeInterpreter, rollout: RolloutConfig, weights: RewardWeights, *,
+    samples_per_task: int, temperature: float, greedy: bool, seed: int, batch_size: int,
+) -> list[dict]:
+    """One row per task: mean outcome over its samples, tool calls and turns."""
+    generator = torch.Generator().manual_seed(seed)
+    k = 1 if greedy else samples_per_task
+    rows = []
+    per_batch = max(1, batch_size // k)
+    for start in range(0, len(tasks), per_batch):
+        chunk = tasks[start : start + per_batch]
+        episodes = run_episodes(model, tokenizer, chunk, group_size=k, tool=tool, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
+        by_task: dict[str, list] = {}
+        for e in episodes:
+            record = episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer)
+            by_task.setdefault(e.task["task_id"], []).append((record, score_record(record, e.task, tokenizer, weights)))
+        for task in chunk:
+            pairs = by_task[task["task_id"]]
+            rows.append({
+                "task_id": task["task_id"],
+                "level": int(task["level"]),
+                "score": sum((s["outcome"] or 0.0) for _, s in pairs) / len(pairs),
+                "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
+                "turns": sum(r["turns"] for r, _ in pairs) / len(pairs),
+            })
+    return rows
+
+
+def mean_ci(values: list[float], confidence: float) -> tuple[float, float, float]:
+    """Mean and a normal-approximation interval (per-task scores are bounded, n >= 1000)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values to summarize")
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    half = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(var / n)
+    return mean, mean - half, mean + half
+
+
+def paired_difference(new: dict[str, float], old: dict[str, float], confidence: float) -> tuple[float, float, float]:
+    """Mean and CI of (new - old) over the tasks both were scored on."""
+    common = sorted(set(new) & set(old))
+    if not common:
+        raise ValueError("the two score sets share no task ids")
+    return mean_ci([new[t] - old[t] for t in common], confidence)
+
+
+def summarize(rows: list[dict], confidence: float) -> dict[str, float]:
+    pass_at_1, low, high = mean_ci([r["score"] for r in rows], confidence)
+    summary = {
+        "pass_at_1": pass_at_1, "pass_at_1_ci_low": low, "pass_at_1_ci_high": high,
+        "tool_call_rate": sum(r["tool_call_rate"] for r in rows) / len(rows),
+        "mean_turns": sum(r["turns"] for r in rows) / len(rows),
+        "num_tasks": float(len(rows)),
+    }
+    for level in sorted({r["level"] for r in rows}):
+        at = [r for r in rows if r["level"] == level]
+        summary[f"level_{level}/pass_at_1"] = sum(r["score"] for r in at) / len(at)
+        summary[f"level_{level}/tool_call_rate"] = sum(r["tool_call_rate"] for r in at) / len(at)
+    return summary
+
+
+def promotion_decision(new: dict[str, float], champion: dict[str, float] | None, confidence: float, margin: float) -> dict[str, float | bool]:
+    """Promote iff the lower bound of the paired CI of (new - champion) is above `margin`
+    (default 0): the improvement must be measurable, not a lucky draw. No champion -> promote."""
+    if champion is None:
+        return {"promote": True, "diff": float("nan"), "diff_ci_low": float("nan"), "diff_ci_high": float("nan")}
+    diff, low, high = paired_difference(new, champion, confidence)
+    return {"promote": low > margin, "diff": diff, "diff_ci_low": low, "diff_ci_high": high}

@@ -1,0 +1,332 @@
+"""Pure RL math for GRPO-style training on multi-turn tool-use rollouts.
+
+Everything here is a pure function over tensors and 0/1 masks: no config objects, no I/O,
+no engines (import-linter forbids them). Shapes: N trajectories, B rows of a (micro-)batch,
+T tokens, V vocabulary. Masks may be bool or float 0/1; every reduction goes through them,
+and masked positions are replaced with `torch.where` *before* any exp/multiply, so padding
+garbage (1e4, inf, NaN) can never reach a loss, a metric or a gradient.
+
+Call sites pick algorithms by name, with no if/elif on names:
+    adv = get_advantage_estimator("grpo")(rewards, group_ids)
+    loss, metrics = get_policy_loss("ppo_clip")(logp, old_logp, adv_bt, mask, clip_high=0.28)
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LOG_RATIO_CLAMP", "UnknownNameError", "Registry",
+    "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "KL_ESTIMATORS", "AGG_MODES",
+    "get_advantage_estimator", "get_policy_loss",
+    "group_stats", "grpo_advantages", "dr_grpo_advantages", "rloo_advantages",
+    "token_logprobs", "entropy_from_logits", "masked_mean", "kl_penalty",
+    "agg_loss", "agg_normalizers", "ppo_clip_loss", "gspo_loss",
+]
+
+# Log-ratios are clamped to this before exp(): e^20 ~ 5e8 is far outside any trust region, and
+# the clamp keeps exp() finite in float32 (overflow at ~88). Same bound verl uses.
+LOG_RATIO_CLAMP = 20.0
+
+
+# --------------------------------------------------------------------------- registry
+class UnknownNameError(KeyError, ValueError):
+    """An unknown registry name. Both a KeyError (it is a lookup) and a ValueError (it is a bad
+    config value), so callers may catch either."""
+
+    def __str__(self) -> str:  # KeyError.__str__ would repr() the message into quotes
+        return str(self.args[0])
+
+
+class Registry:
+    """name -> function. `@reg.register("x")` adds, `reg.get("x")` looks up, `reg.names()` lists."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # used in error messages: "unknown policy loss 'x'"
+        self._fns: dict[str, Callable] = {}
+
+    def register(self, name: str) -> Callable[[Callable], Callable]:
+        def decorator(fn: Callable) -> Callable:
+            if name in self._fns:  # silent overwrite would swap an algorithm behind the config's back
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._fns[name] = fn
+            return fn
+        return decorator
+
+    def get(self, name: str) -> Callable:
+        try:
+            return self._fns[name]
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fns
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+KL_ESTIMATORS = Registry("KL estimator")
+AGG_MODES = Registry("loss aggregation mode")
+
+
+def get_advantage_estimator(name: str) -> Callable[..., Tensor]:
+    """fn(rewards (N,), group_ids (N,), *, eps) -> advantages (N,)."""
+    return ADVANTAGE_ESTIMATORS.get(name)
+
+
+def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
+    """fn(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, agg_mode,
+    num_tokens, num_seqs, max_tokens) -> (scalar loss, metrics)."""
+    return POLICY_LOSSES.get(name)
+
+
+def _bool_mask(mask: Tensor) -> Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+# --------------------------------------------------------------------------- advantages
+def _group_moments(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-item (mean, unbiased std, group size, group-is-constant), all (N,).
+
+    Group ids are arbitrary (prompt hashes, non-contiguous), so they are compacted with
+    `unique(return_inverse=True)` and reduced with index_add / scatter_reduce: O(N), no loop.
+    """
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    num_groups = counts.numel()
+    mean = r.new_zeros(num_groups).index_add_(0, inv, r) / counts
+    dev = r - mean[inv]  # two-pass variance: no catastrophic cancellation of E[r^2] - E[r]^2
+    sq = r.new_zeros(num_groups).index_add_(0, inv, dev * dev)
+    # Bessel-corrected (unbiased) std, matching torch.std as used by the DeepSeekMath/GRPO
+    # reference code, TRL and verl, so advantage scales are comparable with published runs.
+    std = torch.where(counts > 1, (sq / (counts - 1).clamp_min(1)).sqrt(), 0.0)
+    # "Constant" is decided exactly (max == min), not by std < tol: sum/count of identical
+    # floats need not round-trip, and (r - mean) / (0 + eps) would blow a 1e-8 error up to 1e-2.
+    gmax = r.new_zeros(num_groups).scatter_reduce_(0, inv, r, "amax", include_self=False)
+    gmin = r.new_zeros(num_groups).scatter_reduce_(0, inv, r, "amin", include_self=False)
+    return mean[inv], std[inv], counts[inv], (gmax == gmin)[inv]
+
+
+def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-item group mean and unbiased std, both (N,). rewards (N,), group_ids (N,) long.
+    Singleton groups get std 0 (undefined with Bessel's correction)."""
+    mean, std, _, _ = _group_moments(rewards, group_ids)
+    return mean, std
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """GRPO (DeepSeekMath, Shao et al. 2024): A_i = (r_i - mean_g) / (std_g + eps). (N,) -> (N,).
+
+    Groups whose rewards are all equal (incl. singletons) get exactly 0: they carry no
+    preference signal (this is why DAPO's dynamic sampling drops them)."""
+    mean, std, _, constant = _group_moments(rewards, group_ids)
+    return torch.where(constant, 0.0, (rewards - mean) / (std + eps))
+
+
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+def dr_grpo_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """Dr.GRPO ("Understanding R1-Zero-like Training", Liu et al. 2025): A_i = r_i - mean_g.
+    Dividing by std over-weights near-constant (too easy / too hard) groups; Dr.GRPO drops it.
+    `eps` is unused and kept only for the shared estimator signature. (N,) -> (N,)."""
+    mean, _, _, constant = _group_moments(rewards, group_ids)
+    return torch.where(constant, 0.0, rewards - mean)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = r_i - mean_{j != i} r_j.
+    The leave-one-out baseline is independent of r_i, so the estimator stays unbiased.
+    Uses the identity r_i - (S - r_i)/(n-1) = n/(n-1) * (r_i - mean). Singletons -> 0.
+    `eps` is unused (shared signature). (N,) -> (N,)."""
+    mean, _, n, constant = _group_moments(rewards, group_ids)
+    scale = n / (n - 1).clamp_min(1)  # clamp only avoids inf in the branch `where` discards
+    return torch.where(constant, 0.0, scale * (rewards - mean))
+
+
+# --------------------------------------------------------------------------- token helpers
+def _scaled_logits(logits: Tensor, temperature: float) -> Tensor:
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    # float32: bf16 log_softmax over a 150k vocab loses ~2 significant digits of log-prob,
+    # which is the same order as the ratios PPO clips on.
+    return logits.float() / temperature
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[ids], in float32. logits (B, T, V), ids (B, T) -> (B, T).
+
+    logits[:, t] must be the distribution that produced ids[:, t] (the caller does the shift).
+    The temperature must be the sampler's, or the ratio against vLLM's logprobs is biased.
+    Padding ids must be valid vocab indices (e.g. pad_token_id, not -100)."""
+    scaled = _scaled_logits(logits, temperature)
+    picked = scaled.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(scaled, dim=-1)  # avoids materialising a 2nd (B,T,V) tensor
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature), float32. (B, T, V) -> (B, T).
+    -inf logits (masked vocab) contribute 0 instead of 0 * -inf = NaN."""
+    logp = torch.log_softmax(_scaled_logits(logits, temperature), dim=-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, 0.0).sum(-1)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of x over mask==1 (over `dim`, or everything). An empty mask gives 0, not NaN."""
+    m = _bool_mask(mask)
+    return torch.where(m, x, 0.0).sum(dim) / m.sum(dim).clamp_min(1)
+
+
+@KL_ESTIMATORS.register("k1")
+def _kl_k1(log_ratio: Tensor) -> Tensor:
+    return log_ratio  # unbiased, high variance, can be negative
+
+
+@KL_ESTIMATORS.register("k2")
+def _kl_k2(log_ratio: Tensor) -> Tensor:
+    return 0.5 * log_ratio.square()  # biased but low variance; gradient is the true KL's
+
+
+@KL_ESTIMATORS.register("k3")
+def _kl_k3(log_ratio: Tensor) -> Tensor:
+    # With r = ref/pi: (r - 1) - log r. Unbiased for KL(pi||ref) (E_pi[r - 1] = 0) and >= 0
+    # since log r <= r - 1 (Schulman, "Approximating KL divergence", 2020); GRPO's KL term.
+    neg = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # exp() must stay finite
+    return torch.exp(neg) - neg - 1.0
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi. (B, T), (B, T) -> (B, T).
+    k1 = logp - ref; k2 = 0.5 (logp - ref)^2; k3 = exp(ref - logp) - (ref - logp) - 1 with
+    the log-ratio clamped to [-20, 20]. Unmasked: reduce with masked_mean / agg_loss."""
+    return KL_ESTIMATORS.get(kind)(logprobs.float() - ref_logprobs.float())
+
+
+# --------------------------------------------------------------------------- aggregation
+def _den(count: float | Tensor | None, default: Tensor, like: Tensor) -> Tensor:
+    """Denominator: the caller's global count if given (float or all-reduced tensor), else the
+    local one. Clamped to >= 1 so an all-padding batch gives 0 loss instead of NaN."""
+    value = default if count is None else count
+    return torch.as_tensor(value, dtype=like.dtype, device=like.device).clamp_min(1)
+
+
+@AGG_MODES.register("token_mean")
+def _agg_token_mean(masked: Tensor, m: Tensor, num_tokens, num_seqs, max_tokens) -> Tensor:
+    # DAPO: every token weighs the same, so long (multi-turn) trajectories are not down-weighted.
+    return masked.sum() / _den(num_tokens, m.sum(), masked)
+
+
+@AGG_MODES.register("seq_mean_token_mean")
+def _agg_seq_mean_token_mean(masked: Tensor, m: Tensor, num_tokens, num_seqs, max_tokens) -> Tensor:
+    # Original GRPO: mean over each sequence's tokens, then over sequences.
+    per_seq = masked.sum(-1) / m.sum(-1).clamp_min(1)
+    return per_seq.sum() / _den(num_seqs, m.any(-1).sum(), masked)
+
+
+@AGG_MODES.register("seq_mean_token_sum_norm")
+def _agg_seq_mean_token_sum_norm(masked: Tensor, m: Tensor, num_tokens, num_seqs, max_tokens) -> Tensor:
+    # Dr.GRPO: divide token sums by a *constant* (the generation budget), not by each sequence's
+    # length, which biases towards long wrong answers. A required argument rather than
+    # masked.shape[-1], because the padded length changes from micro-batch to micro-batch.
+    if max_tokens is None:
+        raise ValueError("agg mode 'seq_mean_token_sum_norm' needs max_tokens (the generation budget)")
+    per_seq = masked.sum(-1) / max_tokens
+    return per_seq.sum() / _den(num_seqs, m.any(-1).sum(), masked)
+
+
+def agg_loss(loss_mat: Tensor, loss_mask: Tensor, mode: str, *, num_tokens: float | Tensor | None = None,
+             num_seqs: float | Tensor | None = None, max_tokens: int | None = None) -> Tensor:
+    """Reduce a per-token loss (B, T) under loss_mask (B, T) to a scalar (verl's agg_loss).
+
+    token_mean:              sum(loss * mask) / num_tokens
+    seq_mean_token_mean:     sum_i mean_t(loss_i) / num_seqs
+    seq_mean_token_sum_norm: sum_i (sum_t loss_i / max_tokens) / num_seqs
+    num_tokens / num_seqs are GLOBAL counts over all micro-batches (and ranks), e.g. from
+    `agg_normalizers` summed / all-reduced; then summing agg_loss over micro-batches equals the
+    full-batch loss. Left as None they default to this batch's counts. A sequence counts only if
+    it has >= 1 mask token: all-padding rows (bucketing filler) must not dilute the loss.
+    """
+    m = _bool_mask(loss_mask)
+    masked = torch.where(m, loss_mat, 0.0)  # garbage at padding never enters a sum or a grad
+    return AGG_MODES.get(mode)(masked, m, num_tokens, num_seqs, max_tokens)
+
+
+def agg_normalizers(loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(num_tokens, num_seqs) of one micro-batch, as float tensors, counted exactly as agg_loss
+    counts them. Sum over micro-batches and all-reduce over ranks to get the global counts."""
+    m = _bool_mask(loss_mask)
+    return m.sum().float(), m.any(-1).sum().float()
+
+
+# --------------------------------------------------------------------------- policy losses
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
+    """PPO (Schulman et al. 2017) as a loss: max(-A r, -A clip(r, 1-lo, 1+hi)), plus where the
+    clipped branch is active. hi > lo is DAPO's clip-higher: room for low-probability tokens
+    to grow, against entropy collapse. `where` (not maximum) sends the gradient to one branch."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    is_clipped = clipped > unclipped
+    return torch.where(is_clipped, clipped, unclipped), is_clipped
+
+
+@torch.no_grad()
+def _ratio_metrics(ratio: Tensor, is_clipped: Tensor, m: Tensor, logprobs: Tensor,
+                   old_logprobs: Tensor) -> dict[str, float]:
+    """Diagnostics over mask tokens only. approx_kl is k3 with samples from the old policy,
+    i.e. (r - 1) - log r, an unbiased estimate of KL(old || new)."""
+    n = int(m.sum())
+    return {
+        "clip_frac": masked_mean(is_clipped.float(), m).item(),
+        "approx_kl": masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), m).item(),
+        "ratio_mean": masked_mean(ratio, m).item(),
+        "ratio_max": torch.where(m, ratio, -torch.inf).max().item() if n else 0.0,
+    }
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
+                  clip_low: float = 0.2, clip_high: float = 0.2, agg_mode: str = "token_mean",
+                  num_tokens: float | Tensor | None = None, num_seqs: float | Tensor | None = None,
+                  max_tokens: int | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Token-level PPO clipped surrogate (GRPO / DAPO). All inputs (B, T); advantages may be
+    (B, 1). Returns (scalar loss, metrics: clip_frac, approx_kl, ratio_mean, ratio_max)."""
+    m = _bool_mask(loss_mask)
+    # Mask BEFORE exp so padding garbage never enters the graph (the clamp's backward happens to
+    # zero NaN/inf gradients too, but that is a side effect, not a contract).
+    # Garbage advantages need no masking: agg_loss's `where` drops their value and gradient.
+    log_ratio = torch.where(m, logprobs - old_logprobs, 0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    loss_mat, is_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss = agg_loss(loss_mat, m, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
+    return loss, _ratio_metrics(ratio, is_clipped, m, logprobs, old_logprobs)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
+              clip_low: float = 0.2, clip_high: float = 0.2, agg_mode: str = "seq_mean_token_mean",
+              num_tokens: float | Tensor | None = None, num_seqs: float | Tensor | None = None,
+              max_tokens: int | None = None) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"). Inputs (B, T).
+
+    The importance ratio is per sequence, s_i = exp(mean_t (logp - old)) over mask tokens, and
+    clipping is decided per sequence (every token of a sequence clips together). Implemented as
+    the paper's GSPO-token form s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: its value is s_i and
+    its gradient s_i * grad log pi(y_t), so with per-sequence advantages and the default
+    seq_mean_token_mean aggregation it equals sequence-level GSPO exactly (hence the different
+    default agg_mode). The paper's clip ranges are ~3e-4 / 4e-4, not PPO's 0.2: pass them."""
+    m = _bool_mask(loss_mask)
+    tok_log_ratio = torch.where(m, logprobs - old_logprobs, 0.0)
+    seq_log_ratio = tok_log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+    seq_log_ratio = seq_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    lp = torch.where(m, logprobs, 0.0)
+    ratio = torch.exp(seq_log_ratio + (lp - lp.detach()))  # value s_i, grad s_i * grad logp_t
+    loss_mat, is_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss = agg_loss(loss_mat, m, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
+    return loss, _ratio_metrics(ratio, is_clipped, m, logprobs, old_logprobs)

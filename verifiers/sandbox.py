@@ -1,0 +1,628 @@
+"""Isolated execution of untrusted, policy-generated Python code.
+
+Two backends share one interface (:class:`Sandbox`):
+
+* :class:`BubblewrapSandbox` -- the local, fast path. A small pool of long-lived
+  worker processes runs inside bubblewrap (no network, private PID/IPC/UTS
+  namespaces, read-only host filesystem, private /tmp). Per call a worker forks
+  a child into a fresh scratch dir, which applies rlimits, drops to an unprivileged
+  uid and ``exec``s the code. Forking a warm interpreter costs a few ms, whereas
+  a fresh ``bwrap`` + interpreter per call costs ~20 ms -- too slow for RL
+  rollouts issuing hundreds of tool calls per step. The worker itself never runs
+  untrusted code, so every call starts from the same clean state.
+* :class:`DockerSandbox` -- one throwaway container per call, for hosts with a
+  Docker engine (slower, but the isolation boundary is a container).
+
+This file is also the worker program: the bubblewrap backend starts
+``python -I -S -c <this file's source> --worker <config>`` inside the sandbox,
+so worker code is ordinary, testable Python. Hence: standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import linecache
+import math
+import os
+import queue
+import resource
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import asdict, dataclass
+from typing import Protocol, runtime_checkable
+
+# tempfile and concurrent.futures are imported lazily by host-side code: they pull
+# in random and logging, whose at-fork hooks would run in (and slow) every child.
+
+TRUNCATION_MARKER = "...[truncated]"
+# Unprivileged ids that own no host files; one per pool slot so RLIMIT_NPROC
+# (which counts processes per uid, system-wide) is not shared between workers.
+DEFAULT_UID_BASE = 1_500_000_000
+# Host directories that may hold credentials, datasets or answer keys; masked
+# with an empty tmpfs so policy code cannot read them (reward-hacking guard).
+DEFAULT_HIDDEN_PATHS = ("/root", "/home", "/work", "/mnt", "/srv", "/media", "/run")
+# Capabilities the (trusted) worker needs: create+chown the scratch dir, drop to
+# the sandbox uid in the child, kill/reap leftovers, remove the child's files.
+_WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE")
+_SETUP_EXIT, _SETUP_MARKER = 121, "sandbox setup failed"
+# Same path on every call (reproducible for the policy); each worker has its own
+# private /tmp, and the directory is wiped after every call.
+SCRATCH_DIR = "/tmp/scratch"
+_MAX_FRAME = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 2.0  # wall clock per call
+    cpu_s: int = 2  # RLIMIT_CPU
+    memory_mb: int = 256  # RLIMIT_AS
+    max_processes: int = 8  # RLIMIT_NPROC (processes + threads of the sandbox uid)
+    max_output_bytes: int = 4096  # stdout and stderr are each truncated to this
+    max_file_mb: int = 8  # RLIMIT_FSIZE
+
+    def __post_init__(self) -> None:
+        minimums = {"cpu_s": 1, "memory_mb": 64, "max_processes": 1,
+                    "max_output_bytes": 1, "max_file_mb": 1}
+        for name, low in minimums.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"SandboxLimits.{name} must be an int >= {low}, got {value!r}")
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"SandboxLimits.timeout_s must be a finite number > 0, got {t!r}")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    stdout: str
+    stderr: str
+    exit_code: int | None  # -N when killed by signal N; None on wall-clock timeout
+    timed_out: bool  # wall-clock or CPU-time limit hit
+    duration_s: float
+    error: str | None  # None on success, else e.g. "timeout", "memory", "nonzero_exit"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """What verifiers and tools rely on; run_many runs concurrently, keeping order."""
+
+    def run_python(self, code: str, *, stdin: str = "") -> SandboxResult: ...
+    def run_many(self, codes: list[str]) -> list[SandboxResult]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Sandbox: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
+def _failure(reason: str, duration_s: float = 0.0) -> SandboxResult:
+    return SandboxResult("", "", None, False, duration_s, f"sandbox_failure: {reason}")
+
+
+def _truncate(data: bytes, limit: int) -> str:
+    if len(data) <= limit:
+        return data.decode("utf-8", "replace")
+    cut = limit
+    while cut > 0 and (data[cut] & 0xC0) == 0x80:  # don't split a UTF-8 character
+        cut -= 1
+    return data[:cut].decode("utf-8", "replace") + TRUNCATION_MARKER
+
+
+def _classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes,
+              cpu_exceeded: bool = False) -> str | None:
+    """Map a finished run to a short, machine-readable reason (shared by both backends)."""
+    if timed_out:
+        return "cpu_limit" if cpu_exceeded else "timeout"
+    if exit_code == 0:
+        return None
+    if exit_code is not None and exit_code < 0:
+        return f"killed:{signal.Signals(-exit_code).name}"
+    tail = stderr_tail.decode("utf-8", "replace").rstrip()
+    if exit_code == _SETUP_EXIT and _SETUP_MARKER in tail:
+        return f"sandbox_failure: {tail.splitlines()[-1]}"
+    if tail.rsplit("\n", 1)[-1].startswith("MemoryError"):
+        return "memory"
+    return "nonzero_exit"
+
+
+# --- framing: 4-byte big-endian length + UTF-8 JSON, used in both directions ---
+
+def _write_frame(fd: int, obj: dict) -> None:
+    body = json.dumps(obj).encode()
+    data = memoryview(struct.pack(">I", len(body)) + body)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError("no reply from worker in time")
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError("worker closed its pipe")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_frame(fd: int, deadline: float | None = None) -> dict:
+    (size,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    if size > _MAX_FRAME:
+        raise EOFError(f"oversized frame ({size} bytes)")
+    return json.loads(_read_exact(fd, size, deadline))
+
+
+# --- worker side: runs inside bubblewrap, as root with only _WORKER_CAPS -------
+
+def _worker_main(cfg: dict) -> None:
+    """Serve requests forever; each one is executed in a fresh forked child."""
+    if os.getpid() != 2:  # bwrap's init is pid 1, we are pid 2 of a private PID namespace
+        raise SystemExit("sandbox worker refused to start outside bwrap --unshare-pid")
+    rfd, wfd = os.dup(0), os.dup(1)  # private protocol channel...
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # ...so a stray print can never corrupt a reply
+    os.dup2(devnull, 1)
+    _prepare_for_children()
+    limits = SandboxLimits(**cfg["limits"])
+    _write_frame(wfd, {"ready": True})
+    while True:
+        try:
+            request = _read_frame(rfd)
+        except EOFError:
+            return  # host closed the pipe: shut down
+        try:
+            reply = _serve_one(request, cfg["uid"], limits)
+        except Exception as exc:  # keep serving; report the call as a sandbox failure
+            reply = asdict(_failure(f"worker error: {exc!r}"))
+        _write_frame(wfd, reply)
+
+
+def _prepare_for_children() -> None:
+    """Process state every forked child inherits, set up once instead of per call.
+
+    Forks are cheap only while the child touches few pages (each first write
+    to a page is a copy-on-write fault), so per-call work in the child is kept
+    to dup2/rlimits/setuid.
+    """
+    import builtins
+    import ctypes
+    import gc
+    # PR_SET_CHILD_SUBREAPER: orphans of the code are reparented to us, so we
+    # can reap them (resetting the uid's process count) before the next call.
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+    builtins.exit = builtins.quit = sys.exit  # -S skips `site`, which defines these
+    os.environ.update(HOME=SCRATCH_DIR, TMPDIR=SCRATCH_DIR, PWD=SCRATCH_DIR)
+    sys.argv = [""]
+    # Children dup2 their memfds onto fds 0-2, so these objects then read/write
+    # the call's stdin/stdout/stderr. Line buffering keeps output of killed code.
+    sys.stdin.reconfigure(encoding="utf-8")
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(encoding="utf-8", errors="backslashreplace", line_buffering=True)
+    gc.freeze()  # a GC pass in a child won't walk (and so copy) the worker's objects
+
+
+def _serve_one(request: dict, uid: int, limits: SandboxLimits) -> dict:
+    shutil.rmtree(SCRATCH_DIR, ignore_errors=True)  # normally already gone
+    os.mkdir(SCRATCH_DIR, 0o700)
+    os.chown(SCRATCH_DIR, uid, uid)
+    fds = [os.memfd_create(name) for name in ("stdin", "stdout", "stderr")]
+    os.write(fds[0], request.get("stdin", "").encode())
+    os.lseek(fds[0], 0, os.SEEK_SET)
+    start = time.monotonic()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _child_main(request["code"], fds, uid, limits)  # never returns
+        timed_out = _wait_for_exit(pid, limits.timeout_s)
+        status, cpu_used = _kill_and_reap(pid)
+        duration = time.monotonic() - start
+        out, err = (_read_memfd(fd, limits.max_output_bytes) for fd in fds[1:])
+    finally:
+        for fd in fds:
+            os.close(fd)
+        shutil.rmtree(SCRATCH_DIR, ignore_errors=True)
+    exit_code = None if timed_out else os.waitstatus_to_exitcode(status)
+    # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL at the hard one.
+    cpu_exceeded = exit_code == -signal.SIGXCPU or (
+        exit_code == -signal.SIGKILL and cpu_used >= limits.cpu_s)
+    return {"stdout": _truncate(out[0], limits.max_output_bytes),
+            "stderr": _truncate(err[0], limits.max_output_bytes),
+            "exit_code": exit_code, "timed_out": timed_out or cpu_exceeded,
+            "duration_s": duration,
+            "error": _classify(exit_code, timed_out or cpu_exceeded, err[1], cpu_exceeded)}
+
+
+def _wait_for_exit(pid: int, timeout_s: float) -> bool:
+    """Block until the child exits or the wall clock runs out; True on timeout."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        return not select.select([pidfd], [], [], timeout_s)[0]
+    finally:
+        os.close(pidfd)
+
+
+def _kill_and_reap(pid: int) -> tuple[int, float]:
+    """SIGKILL everything else in our PID namespace, reap it all, return (status, cpu_s).
+
+    Only the bwrap init (pid 1, spared by kill(-1)) and this worker are not
+    untrusted code, so kill(-1) also catches grandchildren that left the child's
+    process group via setsid(). Reaping them all here resets the uid's process
+    count before the next call.
+    """
+    if os.getpid() != 2:  # outside a private PID namespace kill(-1) would hit the host
+        raise RuntimeError("refusing kill(-1) outside the sandbox PID namespace")
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # nothing left running: the common case
+    status, cpu = 0, 0.0
+    while True:
+        try:
+            wpid, wstatus, usage = os.wait4(-1, 0)
+        except ChildProcessError:
+            return status, cpu
+        if wpid == pid:
+            status, cpu = wstatus, usage.ru_utime + usage.ru_stime
+
+
+def _read_memfd(fd: int, limit: int) -> tuple[bytes, bytes]:
+    """Return (first limit+1 bytes, last 256 bytes): enough to truncate and classify."""
+    size = os.fstat(fd).st_size
+    return os.pread(fd, limit + 1, 0), os.pread(fd, 256, max(0, size - 256))
+
+
+def _child_main(code: str, fds: list[int], uid: int, limits: SandboxLimits) -> None:
+    """Forked child: confine itself, then run the code. Always ends in os._exit."""
+    exit_code = _SETUP_EXIT
+    try:
+        # A process group, not setsid(): a new session also creates a scheduler
+        # autogroup, which costs ~2 ms per call. Cleanup doesn't rely on it anyway.
+        os.setpgid(0, 0)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # incl. the worker's protocol pipes
+        os.chdir(SCRATCH_DIR)
+        _apply_rlimits(limits)
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # from here on no capabilities: RLIMIT_NPROC is enforced
+        os.umask(0o077)
+    except BaseException as exc:
+        os.write(2, f"{_SETUP_MARKER}: {exc!r}\n".encode())
+        os._exit(_SETUP_EXIT)
+    try:
+        exit_code = _run_code(code)
+    finally:
+        os._exit(exit_code)
+
+
+def _apply_rlimits(limits: SandboxLimits) -> None:
+    mb = 1024 * 1024
+    for res, soft, hard in (
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),  # SIGXCPU, then SIGKILL
+        (resource.RLIMIT_AS, limits.memory_mb * mb, limits.memory_mb * mb),
+        (resource.RLIMIT_NPROC, limits.max_processes, limits.max_processes),
+        (resource.RLIMIT_FSIZE, limits.max_file_mb * mb, limits.max_file_mb * mb),
+        (resource.RLIMIT_NOFILE, 64, 64),
+        (resource.RLIMIT_CORE, 0, 0),
+    ):
+        resource.setrlimit(res, (soft, hard))
+
+
+def _run_code(code: str) -> int:
+    """Execute code as a fresh __main__ module, mimicking `python -c` exit semantics."""
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main  # so pickling/`import __main__` see the policy's module
+    linecache.cache["<policy>"] = (len(code), None, code.splitlines(True), "<policy>")
+    try:
+        exec(compile(code, "<policy>", "exec"), main.__dict__)
+        exit_code = 0
+    except SystemExit as exc:
+        exit_code = _system_exit_code(exc)
+    except BaseException as exc:
+        # Skip our own frame so the traceback shows only the policy's code.
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        traceback.print_exception(type(exc), exc, tb)
+        exit_code = 1
+    try:  # normal interpreter shutdown: join non-daemon threads, run atexit hooks
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        pass
+    return exit_code
+
+
+def _system_exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+# --- host side ------------------------------------------------------------------
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Worker:
+    """One bwrap'd worker process, spoken to over its stdin/stdout pipes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import tempfile
+        self.argv = argv
+        self.proc: subprocess.Popen | None = None
+        self.stderr_log = tempfile.TemporaryFile()  # a file, not a pipe: can never block the worker
+
+    def start(self, startup_timeout_s: float = 15.0) -> None:
+        self.stderr_log.seek(0)
+        self.stderr_log.truncate()
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # no host secrets
+        try:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.stderr_log, env=env, bufsize=0)
+            _read_frame(self.proc.stdout.fileno(), time.monotonic() + startup_timeout_s)
+        except (OSError, EOFError, TimeoutError, ValueError) as exc:
+            self.kill()
+            self.stderr_log.seek(0)
+            err = self.stderr_log.read().decode(errors="replace").strip()
+            raise RuntimeError(f"bubblewrap ({self.argv[0]}) failed to start the sandbox "
+                               f"worker: {exc!r}; stderr: {err or '<empty>'}") from exc
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def call(self, request: dict, reply_timeout_s: float) -> dict:
+        try:
+            _write_frame(self.proc.stdin.fileno(), request)
+            return _read_frame(self.proc.stdout.fileno(), time.monotonic() + reply_timeout_s)
+        except (OSError, EOFError, TimeoutError, ValueError) as exc:
+            raise _WorkerDied(repr(exc)) from exc
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                pipe.close()
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+
+def _rebind_args(path: str, masked: list[str]) -> list[str]:
+    """bwrap args making `path` visible again if it lies under a masked dir.
+
+    bwrap creates missing parents of a bind target with mode 0700, which the
+    sandbox uid could not traverse, so they are created explicitly as 0755.
+    """
+    for top in masked:
+        if path == top or path.startswith(top + "/"):
+            args, parent = [], top
+            for part in os.path.relpath(path, top).split("/")[:-1]:
+                parent = os.path.join(parent, part)
+                args += ["--perms", "0755", "--dir", parent]
+            return args + ["--ro-bind", path, path]
+    return []
+
+
+class BubblewrapSandbox:
+    """Pool of warm, bubblewrap-confined workers; see the module docstring."""
+
+    def __init__(self, limits: SandboxLimits | None = None, pool_size: int = 2, *,
+                 bwrap_path: str | None = None, uid_base: int = DEFAULT_UID_BASE,
+                 hidden_paths: tuple[str, ...] = DEFAULT_HIDDEN_PATHS) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
+        binary = bwrap_path or shutil.which("bwrap")
+        if binary is None or not os.access(binary, os.X_OK):
+            raise RuntimeError(f"bubblewrap binary {bwrap_path or 'bwrap'!r} not found or not "
+                               "executable; install bubblewrap or use make_sandbox('docker', ...)")
+        self.limits = limits or SandboxLimits()
+        with open(__file__, encoding="utf-8") as fh:
+            source = fh.read()
+        self._workers = [_Worker(self._argv(binary, source, uid_base + i, hidden_paths))
+                         for i in range(pool_size)]
+        # bwrap --die-with-parent fires when the *thread* that spawned it exits, so
+        # all (re)starts happen on one thread that lives as long as the sandbox.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawn")
+        self._calls = ThreadPoolExecutor(pool_size, thread_name_prefix="sandbox-call")
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._closed = False
+        try:
+            for worker in self._workers:
+                self._spawner.submit(worker.start).result()
+                self._idle.put(worker)
+        except BaseException:
+            self.close()
+            raise
+
+    def _argv(self, binary: str, source: str, uid: int, hidden: tuple[str, ...]) -> list[str]:
+        tmp_bytes = max(64, 4 * self.limits.max_file_mb) * 1024 * 1024
+        argv = [binary, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--unshare-ipc",
+                "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
+                "--die-with-parent", "--new-session", "--dev", "/dev", "--proc", "/proc",
+                "--perms", "0755", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+        masked = [p for p in hidden if os.path.isdir(p) and not os.path.islink(p)]
+        for path in masked:
+            argv += ["--tmpfs", path]
+        # The interpreter may live under a masked dir (pyenv in /root) or /tmp: bind it back.
+        exe = os.path.realpath(sys.executable)
+        for prefix in sorted({os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(exe))}):
+            argv += _rebind_args(prefix, [*masked, "/tmp"])
+        argv += ["--cap-drop", "ALL"]
+        for cap in _WORKER_CAPS:
+            argv += ["--cap-add", cap]
+        config = {"uid": uid, "limits": asdict(self.limits)}
+        return argv + ["--", exe, "-I", "-S", "-c", source, "--worker", json.dumps(config)]
+
+    def run_python(self, code: str, *, stdin: str = "") -> SandboxResult:
+        if self._closed:
+            raise RuntimeError("BubblewrapSandbox is closed")
+        worker = self._idle.get()
+        try:
+            return self._call(worker, {"code": code, "stdin": stdin})
+        finally:
+            self._idle.put(worker)
+
+    def _call(self, worker: _Worker, request: dict) -> SandboxResult:
+        start = time.monotonic()
+        if not worker.alive():  # died between calls (killed, OOM, ...): restart quietly
+            try:
+                self._restart(worker)
+            except RuntimeError as exc:
+                return _failure(f"worker restart failed: {exc}")
+        try:
+            # Generous slack: the worker enforces timeout_s itself; this only
+            # catches a wedged or dead worker.
+            return SandboxResult(**worker.call(request, self.limits.timeout_s + 10.0))
+        except _WorkerDied as exc:
+            try:
+                self._restart(worker)
+            except RuntimeError:
+                pass  # retried lazily on the next call
+            return _failure(f"worker died: {exc}", time.monotonic() - start)
+
+    def _restart(self, worker: _Worker) -> None:
+        worker.kill()
+        self._spawner.submit(worker.start).result()
+
+    def run_many(self, codes: list[str]) -> list[SandboxResult]:
+        return list(self._calls.map(self.run_python, codes))
+
+    def worker_pids(self) -> list[int]:
+        """Host pids of the bwrap processes (for monitoring and tests)."""
+        return [w.proc.pid for w in self._workers if w.proc is not None]
+
+    def close(self) -> None:
+        self._closed = True
+        self._calls.shutdown(wait=True)
+        for worker in self._workers:
+            worker.kill()
+            worker.stderr_log.close()
+        self._spawner.shutdown(wait=True)
+
+    def __enter__(self) -> BubblewrapSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class DockerSandbox:
+    """One throwaway container per call (needs a reachable Docker engine)."""
+
+    # Code and stdin travel as env vars so that no stdin attach is needed.
+    _BOOTSTRAP = ("import io,os,sys;sys.stdin=io.StringIO(os.environ.pop('SANDBOX_STDIN'));"
+                  "c=os.environ.pop('SANDBOX_CODE');"
+                  "exec(compile(c,'<policy>','exec'),{'__name__':'__main__'})")
+
+    def __init__(self, limits: SandboxLimits | None = None, pool_size: int = 2, *,
+                 image: str = "python:3.11-slim") -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        try:
+            import docker
+        except ImportError as exc:
+            raise RuntimeError("the docker SDK is not installed (pip install docker)") from exc
+        try:
+            self._client = docker.from_env()
+            self._client.ping()
+        except Exception as exc:  # DockerException, requests errors, ...
+            raise RuntimeError(f"Docker engine not reachable: {exc}") from exc
+        self._docker = docker
+        self.limits = limits or SandboxLimits()
+        self.image = image
+        self._calls = ThreadPoolExecutor(pool_size, thread_name_prefix="docker-call")
+
+    def run_python(self, code: str, *, stdin: str = "") -> SandboxResult:
+        lim, mb = self.limits, 1024 * 1024
+        ulimit = self._docker.types.Ulimit
+        start = time.monotonic()
+        try:
+            container = self._client.containers.run(
+                self.image, ["python", "-I", "-c", self._BOOTSTRAP], detach=True,
+                environment={"SANDBOX_CODE": code, "SANDBOX_STDIN": stdin},
+                network_disabled=True, mem_limit=f"{lim.memory_mb}m",
+                memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.max_processes,
+                read_only=True, tmpfs={"/tmp": "size=16m"}, user="65534:65534",
+                working_dir="/tmp", cpu_period=100_000, cpu_quota=100_000,
+                ulimits=[ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
+                         ulimit(name="fsize", soft=lim.max_file_mb * mb, hard=lim.max_file_mb * mb),
+                         ulimit(name="nofile", soft=64, hard=64), ulimit(name="core", soft=0, hard=0)])
+        except Exception as exc:
+            return _failure(f"container start: {exc}", time.monotonic() - start)
+        try:
+            return self._collect(container, start)
+        finally:
+            try:
+                container.remove(force=True)
+            except Exception:
+                pass  # already gone; nothing else to clean up
+
+    def _collect(self, container, start: float) -> SandboxResult:
+        lim = self.limits
+        try:
+            status = container.wait(timeout=lim.timeout_s)
+            exit_code, timed_out = int(status.get("StatusCode", -1)), False
+        except Exception:  # requests' ReadTimeout / ConnectionError on timeout
+            try:
+                container.kill()
+            except Exception:
+                pass  # it exited just after the deadline; the result stands
+            exit_code, timed_out = None, True
+        duration = time.monotonic() - start
+        out = container.logs(stdout=True, stderr=False)
+        err = container.logs(stdout=False, stderr=True)
+        container.reload()
+        error = _classify(exit_code, timed_out, err[-256:])
+        if container.attrs.get("State", {}).get("OOMKilled"):
+            error = "memory"
+        return SandboxResult(_truncate(out, lim.max_output_bytes),
+                             _truncate(err, lim.max_output_bytes),
+                             exit_code, timed_out, duration, error)
+
+    def run_many(self, codes: list[str]) -> list[SandboxResult]:
+        return list(self._calls.map(self.run_python, codes))
+
+    def close(self) -> None:
+        self._calls.shutdown(wait=True)
+        self._client.close()
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+SANDBOX_KINDS = ("bubblewrap", "docker")
+
+
+def make_sandbox(kind: str, limits: SandboxLimits, pool_size: int = 2) -> Sandbox:
+    """Build the sandbox named in config; "docker" needs a reachable engine."""
+    if kind == "bubblewrap":
+        return BubblewrapSandbox(limits, pool_size)
+    if kind == "docker":
+        return DockerSandbox(limits, pool_size)
+    raise ValueError(f"unknown sandbox kind {kind!r}; expected one of {SANDBOX_KINDS}")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker_main(json.loads(sys.argv[2]))
