@@ -46,7 +46,7 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
     context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}")
     level_table = pd.DataFrame([{"level": k.split("/")[0], "metric": k.split("/")[1], "value": v} for k, v in summary.items() if k.startswith("level_")])
     return Output(
-        {"stage": stage, "version": version.version, "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), **summary, **decision},
+        {"stage": stage, "version": str(version.version), "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), **summary, **decision},
         metadata={
             "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
             "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],

@@ -56,7 +56,7 @@ class ModelConfig(_Strict):
     num_attention_heads: int = Field(4, ge=1)
     num_key_value_heads: int = Field(4, ge=1)
     max_position_embeddings: int = Field(256, ge=32)
-    vocab_size: int = Field(160, ge=40, description="Target vocabulary of the trained BPE tokenizer (scratch only).")
+    vocab_size: int = Field(320, ge=270, description="Target vocabulary of the trained BPE tokenizer (scratch only).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
     @model_validator(mode="after")
@@ -98,7 +98,7 @@ class RLConfig(_Strict):
     steps_per_round: int = Field(30, ge=1)
     prompts_per_step: int = Field(32, ge=1)
     group_size: int = Field(8, ge=2, description="Samples per prompt (G in GRPO).")
-    learning_rate: float = Field(1e-3, gt=0)
+    learning_rate: float = Field(2e-4, gt=0, description="1e-3 destroys the SFT copying skill on the tiny model.")
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0, description="DAPO clip-higher: > clip_low keeps exploration alive.")
     kl_coef: float = Field(0.01, ge=0, description="Weight of the K3 KL to the SFT reference (policy tokens only).")

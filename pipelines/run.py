@@ -69,13 +69,13 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
 def failure_message(result, what: str) -> str:
     lines = [f"[flywheel] {what} failed; nothing downstream of the failure was materialized."]
     for event in result.all_events:
-        if event.is_step_failure or event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.asset_check_evaluation.passed:
-            if event.is_step_failure:
-                error = event.event_specific_data.error
-                lines.append(f"  step {event.step_key}: {error.cause.message.strip() if error.cause else error.message.strip()}")
-            else:
-                evaluation = event.event_specific_data.asset_check_evaluation
-                lines.append(f"  check {evaluation.check_name} on {evaluation.asset_key.to_user_string()}: {evaluation.description}")
+        if event.is_step_failure:
+            error = event.event_specific_data.error
+            lines.append(f"  step {event.step_key}: {(error.cause or error).message.strip()}")
+        elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.passed:
+            evaluation = event.event_specific_data
+            details = "\n".join(f"    {line}" for line in (evaluation.description or "").splitlines())
+            lines.append(f"  check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed:\n{details}")
     return "\n".join(lines)
 
 

@@ -79,7 +79,7 @@ def policy_update(policy, reference, optimizer, records: list[dict], advantages:
         optimizer.step()
         with torch.no_grad():
             entropy = masked_mean(entropy_from_logits(logits, temperature), mask)
-        step_metrics = {"loss/policy": float(pg_loss), "loss/kl": float(kl), "actor/entropy": float(entropy), "actor/grad_norm": float(grad_norm),
+        step_metrics = {"loss/policy": pg_loss.item(), "loss/kl": kl.item(), "actor/entropy": float(entropy), "actor/grad_norm": float(grad_norm),
                         "actor/clip_frac": pg_metrics["clip_frac"], "actor/approx_kl": pg_metrics["approx_kl"]}
         for key, value in step_metrics.items():
             sums[key] = sums.get(key, 0.0) + value / len(chunks)

@@ -1,46 +1,44 @@
-"""A BPE tokenizer trained on the synthetic corpus with the `tokenizers` library.
+"""A byte-level BPE tokenizer trained on the synthetic corpus with the `tokenizers` library.
 
-Digits, operators and whitespace are single-character pieces (arithmetic needs digit-level
-tokens); letter runs merge into words. Every protocol tag is one special token, so a stop on
-`</code>` is a stop on one id and masks can be set per token. Saved as a standard HF folder
-(`tokenizer.json` + config) that transformers and vLLM load.
+It is trained with exactly the pipeline of Qwen2's tokenizer (NFC, Qwen2's split regex with
+single-digit pieces, byte-level BPE) and saved as a `Qwen2Tokenizer`, so the folder is a standard
+HF Qwen2 checkpoint: transformers' AutoTokenizer and vLLM rebuild the same tokenizer from it
+(a generic tokenizer class next to a `qwen2` config.json is silently replaced by Qwen2's
+pipeline on load). Every protocol tag is one special token, so a stop on `</code>` is a stop
+on one id and masks can be set per token.
 """
 
 from __future__ import annotations
 
-import string
+import json
 from typing import Iterable
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import Qwen2Tokenizer
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from verifiers.protocol import TAGS
 
 EOS = "<|endoftext|>"
-UNK = "<unk>"
-SPECIAL_TOKENS = [EOS, UNK, *TAGS]
-ALPHABET = sorted(set(string.printable) - set("\r\x0b\x0c"))
+SPECIAL_TOKENS = [EOS, *TAGS]
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    floor = len(ALPHABET) + len(SPECIAL_TOKENS)
+def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> Qwen2Tokenizer:
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    floor = len(alphabet) + len(SPECIAL_TOKENS)
     if vocab_size < floor:
-        raise ValueError(f"vocab_size {vocab_size} is below the alphabet + special tokens ({floor})")
-    tok = Tokenizer(models.BPE(unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^A-Za-z]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=ALPHABET, show_progress=False
+        raise ValueError(f"vocab_size {vocab_size} is below the byte alphabet + special tokens ({floor})")
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False)
     tok.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS,
-        pad_token=EOS,
-        unk_token=UNK,
-        additional_special_tokens=list(TAGS),
-        clean_up_tokenization_spaces=False,
-    )
+    model = json.loads(tok.to_str())["model"]
+    return Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]],
+                          additional_special_tokens=list(TAGS), clean_up_tokenization_spaces=False)
 
 
 def tag_ids(tokenizer) -> dict[str, int]:

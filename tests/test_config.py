@@ -1,0 +1,46 @@
+import pytest
+
+from configs import ConfigError, available_profiles, load_profile, parse_override
+
+
+def test_all_profiles_validate():
+    assert {"tiny", "micro", "gpu", "cluster"} <= set(available_profiles())
+    for name in available_profiles():
+        cfg = load_profile(name)
+        assert cfg.profile == name
+    assert load_profile("gpu").model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert load_profile("cluster").storage.root.startswith("s3://")
+
+
+def test_tiny_is_default(monkeypatch):
+    monkeypatch.delenv("FLYWHEEL_PROFILE", raising=False)
+    assert load_profile().profile == "tiny"
+
+
+@pytest.mark.parametrize(
+    "override, field, shown",
+    [
+        ({"rl.group_size": 1}, "rl.group_size", "1"),
+        ({"teacher.p_direct": 1.5}, "teacher.p_direct", "1.5"),
+        ({"rl.learning_rate": -1}, "rl.learning_rate", "-1"),
+        ({"rl.loss_agg_mode": "token_sum"}, "rl.loss_agg_mode", "token_sum"),
+        ({"sft.stepz": 3}, "sft.stepz", "3"),
+        ({"reward.format_weight": 0.9}, "reward", "outcome_weight"),
+    ],
+)
+def test_invalid_values_name_field_and_value(override, field, shown):
+    with pytest.raises(ConfigError) as err:
+        load_profile("tiny", override)
+    assert field in str(err.value) and shown in str(err.value)
+
+
+def test_unknown_profile_lists_available():
+    with pytest.raises(ConfigError, match="unknown profile 'huge'.*tiny"):
+        load_profile("huge")
+
+
+def test_override_parsing():
+    assert parse_override("rl.rounds=3") == ("rl.rounds", 3)
+    assert parse_override("data.task_file=/x.jsonl") == ("data.task_file", "/x.jsonl")
+    with pytest.raises(ConfigError):
+        parse_override("rl.rounds")

@@ -1,0 +1,117 @@
+"""Dagster definitions, and the whole graph materialized end to end on the micro profile."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINEAGE = {"benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
+           "sft_benchmark_scores", "rollout_batches", "verified_rewards", "rl_checkpoint", "benchmark_scores"}
+
+
+def test_definitions_load_with_the_lineage():
+    from pipelines.definitions import build_definitions
+
+    defs = build_definitions("micro", {})
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert keys == LINEAGE
+    assert defs.resolve_job_def("foundation") and defs.resolve_job_def("rl_round_job")
+    assert defs.resolve_sensor_def("retrain_sensor")
+
+
+def test_invalid_profile_fails_before_any_work(tmp_path):
+    env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "pipelines.run", "--profile", "tiny", "--set", "rl.group_size=1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "rl.group_size" in proc.stderr and "got 1" in proc.stderr
+    assert not (tmp_path / "home").exists(), "nothing may be produced for an invalid profile"
+
+
+def test_dagster_cli_validates_and_lists_assets():
+    env = {**os.environ, "FLYWHEEL_PROFILE": "micro"}
+    dagster = str(Path(sys.executable).parent / "dagster")
+    validate = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert validate.returncode == 0, validate.stderr[-2000:]
+    listed = subprocess.run([dagster, "asset", "list", "-m", "pipelines.definitions"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert LINEAGE <= set(listed.stdout.split())
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "fw"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path / "fw"
+
+
+@pytest.mark.slow
+def test_micro_flywheel_end_to_end(home):
+    from dagster import AssetKey, DagsterInstance
+    from mlflow import MlflowClient
+
+    from pipelines.run import run_flywheel
+
+    outcome = run_flywheel("micro", {})
+    instance = DagsterInstance.get()
+    for key in LINEAGE:
+        assert instance.get_latest_materialization_event(AssetKey(key)) is not None, f"{key} was not materialized"
+    for asset, check in [("training_tasks", "tasks_contract"), ("benchmark_tasks", "tasks_contract"),
+                         ("training_tasks", "training_disjoint_from_benchmark"), ("sft_trajectories", "sft_trajectories_contract"),
+                         ("rollout_batches", "rollout_batches_contract")]:
+        records = instance.event_log_storage.get_asset_check_execution_history(_check_key(asset, check), limit=1)
+        assert records and records[0].status.value == "SUCCEEDED", f"check {check} on {asset}"
+
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("agentic-flywheel").experiment_id])
+    assert {r.data.tags["dagster.asset"] for r in runs} >= {"sft_checkpoint", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
+    assert all(r.data.tags.get("dagster.run_id") for r in runs)
+    versions = client.search_model_versions("name='agentic-policy'")
+    assert sorted(v.tags["stage"] for v in versions) == ["rl", "sft"]
+    for v in versions:
+        assert "pass_at_1" in client.get_run(v.run_id).data.metrics
+        assert client.get_model_version_download_uri("agentic-policy", v.version).endswith("checkpoint")
+    champion = client.get_model_version_by_alias("agentic-policy", "champion")
+    assert champion.version in {v.version for v in versions}
+    assert outcome["sft"]["version"] == "1" and len(outcome["rounds"]) == 1
+    artifacts = {a.path for a in client.list_artifacts(outcome["rounds"][0]["mlflow_run_id"])}
+    assert {"checkpoint", "per_task_scores.json", "plots"} <= artifacts
+
+
+def _check_key(asset: str, name: str):
+    from dagster import AssetCheckKey, AssetKey
+
+    return AssetCheckKey(AssetKey(asset), name)
+
+
+@pytest.mark.slow
+def test_malformed_task_file_stops_at_training_tasks(home, tmp_path):
+    from dagster import AssetKey, DagsterInstance
+
+    from pipelines.run import run_flywheel
+
+    good = {"family": "arithmetic", "level": 1, "prompt": "compute 1+2\n", "answer": "3", "split": "train", "metadata": json.dumps({"expression": "1+2"})}
+    rows = [{**good, "task_id": "t1"}, {**good, "task_id": "t1"}, {**good, "task_id": "t3", "level": 9}]
+    task_file = tmp_path / "tasks.jsonl"
+    task_file.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(SystemExit) as stop:
+        run_flywheel("micro", {"data.task_file": str(task_file)})
+    message = str(stop.value)
+    assert "expect_column_values_to_be_unique" in message and "'task_id'" in message and "'level'" in message
+    instance = DagsterInstance.get()
+    assert instance.get_latest_materialization_event(AssetKey("training_tasks")) is not None
+    for downstream in ("tokenizer", "sft_trajectories", "sft_checkpoint", "sft_benchmark_scores"):
+        assert instance.get_latest_materialization_event(AssetKey(downstream)) is None, downstream
+
+
+def test_unparseable_task_file_names_file_and_line(tmp_path):
+    from assets.data import read_task_file
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "a"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+        read_task_file(bad)

@@ -1,0 +1,118 @@
+import pytest
+import torch
+
+from environments.arithmetic import generate_tasks
+from environments.tools import CodeInterpreter
+from training.grpo import compute_advantages, policy_update, train_round
+from training.model import build_model
+from training.rl_math import token_logprobs
+from training.rollout import run_episodes
+from training.scoring import episode_record
+from training.sequences import collate, completion_logits
+from training.sft import Example, sft_loss, train_sft, warmup_cosine
+from training.trajectories import build_sft_trajectories
+from verifiers.rewards import RewardWeights
+
+
+@pytest.fixture(scope="module")
+def sft_rows(tokenizer_and_tasks, sandbox):
+    tok, tasks = tokenizer_and_tasks
+    return build_sft_trajectories(tasks, tok, CodeInterpreter(sandbox), n=120, seed=0, p_direct=0.5, hard_levels=(3, 4))
+
+
+def test_teacher_trajectories_use_the_real_tool(sft_rows, tokenizer_and_tasks):
+    tok, tasks = tokenizer_and_tasks
+    by_id = {t["task_id"]: t for t in tasks}
+    tool_rows = [r for r in sft_rows if r["strategy"] == "tool"]
+    assert tool_rows and any(r["strategy"] == "direct" for r in sft_rows)
+    for r in tool_rows:
+        assert f"<interpreter>{by_id[r['task_id']]['answer']}\n</interpreter>" in r["completion"]
+        assert 0 in r["tool_mask"] and r["correct"]
+    wrong = [r for r in sft_rows if not r["correct"]]
+    assert wrong and all(r["strategy"] == "direct" and r["level"] in (3, 4) for r in wrong)
+
+
+def test_sft_loss_counts_policy_tokens_only(sft_rows, tokenizer_and_tasks, micro_cfg):
+    """Hand-check: the loss equals the mean NLL over tool_mask == 1 positions, computed row by row."""
+    tok, _ = tokenizer_and_tasks
+    model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=0)
+    rows = [r for r in sft_rows if r["strategy"] == "tool"][:3]
+    examples = [Example(r["prompt_ids"], r["completion_ids"], r["tool_mask"]) for r in rows]
+    loss, n_tokens = sft_loss(model, examples, tok.eos_token_id)
+    total, count = 0.0, 0
+    for e in examples:
+        ids = torch.tensor([e.prompt_ids + e.completion_ids])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        for j, (token, m) in enumerate(zip(e.completion_ids, e.tool_mask)):
+            if m:
+                total -= float(logp[len(e.prompt_ids) + j - 1, token])
+                count += 1
+    assert n_tokens == count
+    assert float(loss) == pytest.approx(total / count, rel=1e-4)
+
+
+def test_sft_learns(sft_rows, tokenizer_and_tasks, micro_cfg):
+    tok, _ = tokenizer_and_tasks
+    model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    examples = [Example(r["prompt_ids"], r["completion_ids"], r["tool_mask"]) for r in sft_rows]
+    cfg = micro_cfg.sft.model_copy(update={"steps": 60, "log_every": 10, "learning_rate": 1e-2, "warmup_steps": 5})
+    history = train_sft(model, examples, cfg, pad_id=tok.eos_token_id, seed=0)
+    assert history[-1]["loss/sft"] < 0.6 * history[0]["loss/sft"]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_warmup_cosine_schedule():
+    assert warmup_cosine(0, 10, 100) == pytest.approx(0.1)
+    assert warmup_cosine(9, 10, 100) == pytest.approx(1.0)
+    assert warmup_cosine(100, 10, 100) == pytest.approx(0.1)
+
+
+def test_zero_variance_groups_are_dropped():
+    adv, keep = compute_advantages([1.0, 0.0, 0.5, 0.5, 1.0, 1.0], ["a", "a", "b", "b", "c", "c"], "grpo")
+    assert keep.tolist() == [True, True, False, False, False, False]
+    assert adv[0] > 0 > adv[1] and adv[2:].abs().max() == 0
+
+
+def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micro_cfg, sandbox):
+    """After one update, the log-prob of the trajectory with positive advantage rises and the
+    negative one falls (the sign of the policy gradient, end to end through the real model)."""
+    tok, tasks = tokenizer_and_tasks
+    policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1)
+    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1).requires_grad_(False)
+    episodes = run_episodes(policy, tok, tasks[:1], group_size=2, tool=CodeInterpreter(sandbox), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
+
+    def seq_logprob():
+        batch = collate([r["prompt_ids"] for r in records], [r["completion_ids"] for r in records], [r["tool_mask"] for r in records], tok.eos_token_id)
+        with torch.no_grad():
+            return (token_logprobs(completion_logits(policy, batch), batch.completion_ids) * batch.loss_mask).sum(-1)
+
+    before = seq_logprob()
+    rl = micro_cfg.rl.model_copy(update={"learning_rate": 1e-2, "minibatches": 1, "kl_coef": 0.0})
+    metrics = policy_update(policy, reference, torch.optim.AdamW(policy.parameters(), lr=1e-2), records, torch.tensor([1.0, -1.0]), rl,
+                            temperature=1.0, pad_id=tok.eos_token_id, generator=torch.Generator().manual_seed(0))
+    after = seq_logprob()
+    assert after[0] > before[0] and after[1] < before[1]
+    assert {"loss/policy", "loss/kl", "actor/entropy", "actor/grad_norm", "actor/clip_frac"} <= set(metrics)
+
+
+def test_train_round_logs_every_step(tokenizer_and_tasks, micro_cfg, sandbox):
+    tok, tasks = tokenizer_and_tasks
+    policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
+    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False)
+    result = train_round(policy, reference, tok, tasks, CodeInterpreter(sandbox), rl=micro_cfg.rl, rollout=micro_cfg.rollout,
+                         weights=RewardWeights(), round_index=1, policy_version="t", seed=0)
+    n = micro_cfg.rl.steps_per_round * micro_cfg.rl.prompts_per_step * micro_cfg.rl.group_size
+    assert len(result.rollouts) == len(result.rewards) == n
+    assert [h["step"] for h in result.history] == list(range(1, micro_cfg.rl.steps_per_round + 1))
+    for key in ("reward/total/mean", "reward/total/std", "reward/outcome/pass_rate", "rollout/tool_call_rate", "rollout/completion_len"):
+        assert key in result.history[0]
+
+
+def test_generated_tasks_are_distinct_and_disjoint():
+    bench = generate_tasks(200, seed=1, split="benchmark")
+    train = generate_tasks(500, seed=2, split="train", exclude_ids=frozenset(t["task_id"] for t in bench))
+    assert len({t["task_id"] for t in train}) == 500
+    assert not {t["task_id"] for t in train} & {t["task_id"] for t in bench}
+    assert {t["level"] for t in train} == {1, 2, 3, 4}
