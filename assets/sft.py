@@ -2,7 +2,7 @@
 
 import pandas as pd
 import torch
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.contracts import contract_check
 from assets.plots import curves_png, markdown_image
@@ -93,5 +93,3 @@ def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, s
         "curves": markdown_image(png, "SFT loss"),
     })
 
-
-__all__ = ["MaterializeResult", "base_model", "load_checkpoint", "records", "sft_checkpoint", "sft_trajectories", "sft_trajectories_contract", "tokenizer"]

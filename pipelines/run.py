@@ -44,6 +44,7 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
 
     from assets.rl import rl_rounds
     from pipelines.definitions import FOUNDATION_JOB, RL_ROUND_JOB, build_definitions
+    from pipelines.resources import resources_for
 
     defs = build_definitions(profile, overrides)
     instance = DagsterInstance.get()
@@ -63,7 +64,9 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
         if not result.success:
             raise SystemExit(failure_message(result, f"{RL_ROUND_JOB} partition {key}"))
         rounds.append(result.output_for_node("benchmark_scores"))
-    return {"sft": sft_scores, "rounds": rounds, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg}
+    champion = resources_for(cfg, overrides)["tracker"].version_by_alias("champion")
+    return {"sft": sft_scores, "rounds": rounds, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
+            "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
 
 
 def failure_message(result, what: str) -> str:
@@ -82,29 +85,24 @@ def failure_message(result, what: str) -> str:
 def report(outcome: dict) -> str:
     sft, rounds = outcome["sft"], outcome["rounds"]
     final = rounds[-1] if rounds else sft
-    rows = [("checkpoint", "version", "pass@1 (sampled) [95% CI]", "greedy", "tool-call rate", "alias")]
+    rows = [("checkpoint", "version", "pass@1 (sampled) [95% CI]", "greedy", "tool-call rate", "gate")]
     for label, s in [("SFT", sft)] + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]:
-        alias = "champion" if s["promoted"] else "challenger"
+        gate = "promoted" if s["promoted"] else "not promoted"
         rows.append((label, s["version"], f"{s['pass_at_1']:.3f} [{s['pass_at_1_ci_low']:.3f}, {s['pass_at_1_ci_high']:.3f}]",
-                     f"{s['greedy_pass_at_1']:.3f}", f"{s['tool_call_rate']:.2f}", alias))
+                     f"{s['greedy_pass_at_1']:.3f}", f"{s['tool_call_rate']:.2f}", gate))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
-    from training.evaluate import paired_difference  # noqa: F401  (the gate's test is documented in docs/architecture.md)
-
     cfg, home = outcome["cfg"], outcome["home"]
     tracking = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow.db"
     return "\n".join([
         "", table, "",
         f"final RL - SFT pass@1: {final['pass_at_1'] - sft['pass_at_1']:+.3f}   (flywheel took {outcome['minutes']:.1f} min)",
-        f"champion: {cfg.tracking.registered_model}@champion -> version {current_champion(rounds, sft)}",
+        "tool-call rate by level (SFT -> final RL): " + ", ".join(
+            f"L{k.split('/')[0].removeprefix('level_')} {sft[k]:.2f}->{final[k]:.2f}" for k in sorted(sft) if k.endswith("/tool_call_rate")),
+        f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
         f"MLflow:   {tracking}   (make mlflow-ui, then http://localhost:5000)",
         f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",
     ])
-
-
-def current_champion(rounds: list[dict], sft: dict) -> str:
-    promoted = [s for s in [sft, *rounds] if s["promoted"]]
-    return promoted[-1]["version"] if promoted else "(none this run)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,11 +17,11 @@ if shutil.which("bwrap") is None:
 from verifiers.sandbox import (  # noqa: E402  (after the module-level skip)
     TRUNCATION_MARKER,
     BubblewrapSandbox,
-    DockerSandbox,
     Sandbox,
     SandboxLimits,
     make_sandbox,
 )
+from verifiers.docker_sandbox import DockerSandbox  # noqa: E402
 
 LIMITS = SandboxLimits(timeout_s=1.0, cpu_s=2, memory_mb=256, max_processes=8,
                        max_output_bytes=4096, max_file_mb=8)
