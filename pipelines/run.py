@@ -26,10 +26,19 @@ def prepare_home(home: Path) -> None:
     """Dagster's sqlite instance lives in FLYWHEEL_HOME/dagster; created on first use."""
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
-    (dagster_home / "dagster.yaml").touch()
+    settings = dagster_home / "dagster.yaml"
+    if not settings.exists():
+        settings.write_text("telemetry:\n  enabled: false\n")
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight loading/saving bars would drown the progress lines
+
+
+# Progress lines (INFO) on the console; Dagster's per-event DEBUG lines stay in the UI's run log.
+CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
 def next_round(instance, partitions_name: str) -> int:
@@ -45,13 +54,14 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
     from assets.rl import rl_rounds
     from pipelines.definitions import FOUNDATION_JOB, RL_ROUND_JOB, build_definitions
     from pipelines.resources import resources_for
+    from training.evaluate import paired_difference
 
     defs = build_definitions(profile, overrides)
     instance = DagsterInstance.get()
     started = time.perf_counter()
     # 3. foundation, then rounds
     print(f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True)
-    result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance, raise_on_error=False)
+    result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance, run_config=CONSOLE, raise_on_error=False)
     if not result.success:
         raise SystemExit(failure_message(result, FOUNDATION_JOB))
     sft_scores = result.output_for_node("sft_benchmark_scores")
@@ -60,12 +70,15 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
         key = str(next_round(instance, rl_rounds.name))
         instance.add_dynamic_partitions(rl_rounds.name, [key])
         print(f"[flywheel] RL round {key} ({cfg.rl.steps_per_round} steps)", flush=True)
-        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key=key, raise_on_error=False)
+        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key=key, run_config=CONSOLE, raise_on_error=False)
         if not result.success:
             raise SystemExit(failure_message(result, f"{RL_ROUND_JOB} partition {key}"))
         rounds.append(result.output_for_node("benchmark_scores"))
-    champion = resources_for(cfg, overrides)["tracker"].version_by_alias("champion")
-    return {"sft": sft_scores, "rounds": rounds, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
+    tracker = resources_for(cfg, overrides)["tracker"]
+    champion = tracker.version_by_alias("champion")
+    final = rounds[-1] if rounds else sft_scores
+    gain = paired_difference(*(tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores)), cfg.benchmark.confidence)
+    return {"sft": sft_scores, "rounds": rounds, "gain": gain, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
             "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
 
 
@@ -96,7 +109,7 @@ def report(outcome: dict) -> str:
     tracking = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow.db"
     return "\n".join([
         "", table, "",
-        f"final RL - SFT pass@1: {final['pass_at_1'] - sft['pass_at_1']:+.3f}   (flywheel took {outcome['minutes']:.1f} min)",
+        "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min".format(*outcome["gain"], outcome["minutes"]),
         "tool-call rate by level (SFT -> final RL): " + ", ".join(
             f"L{k.split('/')[0].removeprefix('level_')} {sft[k]:.2f}->{final[k]:.2f}" for k in sorted(sft) if k.endswith("/tool_call_rate")),
         f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
