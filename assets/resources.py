@@ -40,10 +40,6 @@ class ArtifactStore(ConfigurableResource):
     root: str
     cache_dir: str
 
-    def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        fs, path = fsspec.core.url_to_fs(self.root)
-        return fs, path
-
     @property
     def is_local(self) -> bool:
         return "://" not in self.root or self.root.startswith("file://")

@@ -91,8 +91,9 @@ class RolloutConfig(_Strict):
 
 class RLConfig(_Strict):
     algorithm: Literal["grpo"] = "grpo"
-    advantage_estimator: str = "grpo"
-    policy_loss: str = "ppo_clip"
+    # Names of registered functions in training/rl_math.py (a test keeps the two lists equal).
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
     loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     rounds: int = Field(2, ge=1, description="RL rounds run by `make run`; each is one Dagster partition.")
     steps_per_round: int = Field(30, ge=1)

@@ -44,3 +44,15 @@ def test_override_parsing():
     assert parse_override("data.task_file=/x.jsonl") == ("data.task_file", "/x.jsonl")
     with pytest.raises(ConfigError):
         parse_override("rl.rounds")
+
+
+def test_config_choices_match_the_registries():
+    """The schema's Literal choices are the registered names, so a typo fails at load time."""
+    from typing import get_args
+
+    from configs.schema import RLConfig
+    from training.rl_math import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    fields = RLConfig.model_fields
+    assert set(get_args(fields["advantage_estimator"].annotation)) == set(ADVANTAGE_ESTIMATORS.names())
+    assert set(get_args(fields["policy_loss"].annotation)) == set(POLICY_LOSSES.names())

@@ -45,17 +45,17 @@ def random_policy(tokenizer_and_tasks, micro_cfg):
     return build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=3).eval()
 
 
-def test_multi_turn_rollout_is_token_exact(random_policy, tokenizer_and_tasks, micro_cfg, sandbox):
+def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandbox):
     """(a) completion ids = sampled ids + tokenized observations in order; (b) tool_mask is 1
     exactly on sampled ids; (c) the trainer's recomputed logprobs match the behaviour logprobs."""
     tok, tasks = tokenizer_and_tasks
+    random_policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=3).eval()
     # A random model rarely closes a tool tag by itself; bias it towards the protocol's tags so
     # the test sees multi-turn episodes with real tool calls.
-    with torch.no_grad():
-        bias = torch.zeros(len(tok))
-        for tag in ("<code>", "</code>"):
-            bias[tok.convert_tokens_to_ids(tag)] = 4.0
-        random_policy.lm_head.bias = torch.nn.Parameter(bias) if random_policy.lm_head.bias is None else random_policy.lm_head.bias
+    bias = torch.zeros(len(tok))
+    for tag in ("<code>", "</code>"):
+        bias[tok.convert_tokens_to_ids(tag)] = 4.0
+    random_policy.lm_head.bias = torch.nn.Parameter(bias)
     cfg = micro_cfg.rollout.model_copy(update={"max_new_tokens_per_turn": 12, "max_turns": 3})
     episodes = run_episodes(random_policy, tok, tasks[:6], group_size=4, tool=CodeInterpreter(sandbox), cfg=cfg, generator=torch.Generator().manual_seed(0))
     assert len(episodes) == 24

@@ -91,17 +91,19 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     before = seq_logprob()
     rl = micro_cfg.rl.model_copy(update={"learning_rate": 1e-2, "minibatches": 1, "kl_coef": 0.0})
     metrics = policy_update(policy, reference, torch.optim.AdamW(policy.parameters(), lr=1e-2), records, torch.tensor([1.0, -1.0]), rl,
-                            temperature=1.0, pad_id=tok.eos_token_id, generator=torch.Generator().manual_seed(0))
+                            temperature=1.0, pad_id=tok.eos_token_id, generator=torch.Generator().manual_seed(0), max_tokens=160)
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
     assert {"loss/policy", "loss/kl", "actor/entropy", "actor/grad_norm", "actor/clip_frac"} <= set(metrics)
 
 
-def test_train_round_logs_every_step(tokenizer_and_tasks, micro_cfg, sandbox):
+@pytest.mark.parametrize("agg_mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_train_round_logs_every_step(tokenizer_and_tasks, micro_cfg, sandbox, agg_mode):
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False)
-    result = train_round(policy, reference, tok, tasks, CodeInterpreter(sandbox), rl=micro_cfg.rl, rollout=micro_cfg.rollout,
+    rl = micro_cfg.rl.model_copy(update={"loss_agg_mode": agg_mode})
+    result = train_round(policy, reference, tok, tasks, CodeInterpreter(sandbox), rl=rl, rollout=micro_cfg.rollout,
                          weights=RewardWeights(), round_index=1, policy_version="t", seed=0)
     n = micro_cfg.rl.steps_per_round * micro_cfg.rl.prompts_per_step * micro_cfg.rl.group_size
     assert len(result.rollouts) == len(result.rewards) == n

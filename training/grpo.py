@@ -49,8 +49,10 @@ def compute_advantages(rewards: list[float], group_ids: list[str], estimator: st
     return advantages, std > 1e-6
 
 
-def policy_update(policy, reference, optimizer, records: list[dict], advantages: torch.Tensor, cfg: RLConfig, *, temperature: float, pad_id: int, generator: torch.Generator) -> dict[str, float]:
-    """PPO-style update over `cfg.minibatches` shuffled minibatches, one optimizer step each."""
+def policy_update(policy, reference, optimizer, records: list[dict], advantages: torch.Tensor, cfg: RLConfig, *, temperature: float, pad_id: int,
+                  generator: torch.Generator, max_tokens: int) -> dict[str, float]:
+    """PPO-style update over `cfg.minibatches` shuffled minibatches, one optimizer step each.
+    `max_tokens` is the constant Dr.GRPO's `seq_mean_token_sum_norm` divides by."""
     policy.train()
     order = torch.randperm(len(records), generator=generator).tolist()
     chunks = [order[i :: cfg.minibatches] for i in range(cfg.minibatches) if order[i :: cfg.minibatches]]
@@ -65,13 +67,14 @@ def policy_update(policy, reference, optimizer, records: list[dict], advantages:
         token_adv = advantages[chunk][:, None].expand(-1, width)
         mask = batch.loss_mask
         pg_loss, pg_metrics = get_policy_loss(cfg.policy_loss)(
-            logprobs, old_logprobs, token_adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg_mode=cfg.loss_agg_mode
+            logprobs, old_logprobs, token_adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg_mode=cfg.loss_agg_mode,
+            max_tokens=max_tokens,
         )
         kl = torch.zeros(())
         if cfg.kl_coef > 0:  # K3 to the frozen SFT reference, policy tokens only
             with torch.no_grad():
                 ref_logprobs = token_logprobs(completion_logits(reference, batch), batch.completion_ids, temperature)
-            kl = agg_loss(kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_agg_mode)
+            kl = agg_loss(kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_agg_mode, max_tokens=max_tokens)
         loss = pg_loss + cfg.kl_coef * kl
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -132,7 +135,8 @@ def train_round(
         # 4. update on the informative groups
         kept = keep.nonzero().flatten().tolist() if rl.drop_zero_variance_groups else list(range(len(records)))
         update = policy_update(policy, reference, optimizer, [records[i] for i in kept], advantages[kept], rl,
-                               temperature=rollout.temperature, pad_id=tokenizer.eos_token_id, generator=generator) if kept else {}
+                               temperature=rollout.temperature, pad_id=tokenizer.eos_token_id, generator=generator,
+                               max_tokens=rollout.max_total_tokens) if kept else {}
         # 5. log
         metrics = {**rollout_metrics(records, scores), **update, "rollout/zero_variance_frac": 1.0 - float(keep.float().mean()),
                    "perf/generate_s": generate_s, "perf/step_s": time.perf_counter() - start}
