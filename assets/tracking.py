@@ -30,6 +30,9 @@ class MLflowTracker(ConfigurableResource):
     tracking_uri: str
     experiment: str = "agentic-flywheel"
     registered_model: str = "agentic-policy"
+    # Where a newly created experiment stores artifacts. With a local sqlite store MLflow would
+    # otherwise use ./mlruns under the *current directory*; None leaves it to the server.
+    artifact_location: str | None = None
 
     def client(self):
         import mlflow
@@ -43,7 +46,9 @@ class MLflowTracker(ConfigurableResource):
         """Start a run tagged with the Dagster run id, asset and partition; yield its id."""
         import mlflow
 
-        self.client()
+        client = self.client()
+        if client.get_experiment_by_name(self.experiment) is None:
+            client.create_experiment(self.experiment, artifact_location=self.artifact_location)
         mlflow.set_experiment(self.experiment)
         partition = context.partition_key if context.has_partition_key else ""
         tags = {"dagster.run_id": context.run_id, "dagster.asset": name, "dagster.partition": partition}

@@ -16,14 +16,16 @@ from configs import FlywheelConfig, flywheel_home
 def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     home = flywheel_home()
     root = cfg.storage.root or str(home / "artifacts")
+    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(home)
     return {
         "settings": FlywheelSettings(profile=cfg.profile, overrides_json=json.dumps(overrides or {})),
         "storage": ArtifactStore(root=root, cache_dir=str(home / "cache")),
         "io_manager": FrameIOManager(root=f"{root.rstrip('/')}/assets"),
         "tracker": MLflowTracker(
-            tracking_uri=cfg.tracking.tracking_uri or default_tracking_uri(home),
+            tracking_uri=tracking_uri,
             experiment=cfg.tracking.experiment,
             registered_model=cfg.tracking.registered_model,
+            artifact_location=str(home / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
         ),
         "sandbox": SandboxResource.from_config(cfg.sandbox),
     }

@@ -78,6 +78,8 @@ def test_micro_flywheel_end_to_end(home):
     champion = client.get_model_version_by_alias("agentic-policy", "champion")
     assert champion.version in {v.version for v in versions}
     assert outcome["sft"]["version"] == "1" and len(outcome["rounds"]) == 1
+    assert client.get_experiment_by_name("agentic-flywheel").artifact_location == str(home / "mlartifacts")
+    assert not (REPO / "mlruns").exists(), "MLflow artifacts must live under FLYWHEEL_HOME, not the working directory"
     artifacts = {a.path for a in client.list_artifacts(outcome["rounds"][0]["mlflow_run_id"])}
     assert {"checkpoint", "per_task_scores.json", "plots"} <= artifacts
 
