@@ -29,31 +29,29 @@ def _golds(gold: str | list[str]) -> list[str]:
     return [g for g in aliases if normalize_answer(g)]
 
 
-def exact_match(prediction: str, gold: str | list[str]) -> float | None:
-    """1.0 if the normalized prediction equals any normalized alias; None if no usable gold."""
+def _score(prediction: str, gold: str | list[str], best_over_aliases) -> float | None:
+    """Shared guards: no usable gold -> None (unscorable); an enormous answer -> 0."""
     golds = _golds(gold)
     if not golds:
         return None
     if len(prediction) > _MAX_CHARS:
         return 0.0
-    pred = normalize_answer(prediction)
-    return 1.0 if pred and any(pred == normalize_answer(g) for g in golds) else 0.0
+    return best_over_aliases(normalize_answer(prediction), [normalize_answer(g) for g in golds])
+
+
+def exact_match(prediction: str, gold: str | list[str]) -> float | None:
+    """1.0 if the normalized prediction equals any normalized alias; None if no usable gold."""
+    return _score(prediction, gold, lambda pred, golds: 1.0 if pred and pred in golds else 0.0)
 
 
 def token_f1(prediction: str, gold: str | list[str]) -> float | None:
     """Best token-level F1 over the aliases (SQuAD); None if no usable gold."""
-    golds = _golds(gold)
-    if not golds:
-        return None
-    if len(prediction) > _MAX_CHARS:
+    return _score(prediction, gold, lambda pred, golds: max(_f1(pred.split(), g.split()) for g in golds))
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
         return 0.0
-    pred_tokens = normalize_answer(prediction).split()
-    best = 0.0
-    for g in golds:
-        gold_tokens = normalize_answer(g).split()
-        common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-        if common == 0:
-            continue
-        precision, recall = common / len(pred_tokens), common / len(gold_tokens)
-        best = max(best, 2 * precision * recall / (precision + recall))
-    return best
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
