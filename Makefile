@@ -5,7 +5,7 @@ export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint dagster-ui mlflow-ui clean
+.PHONY: setup run test lint dagster-ui mlflow-ui audit clean
 setup:
 	@bash scripts/setup.sh
 
@@ -18,6 +18,12 @@ test: setup
 
 dagster-ui: setup
 	DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster dev
+
+# Re-score a stored round with a stricter verifier (docs/verifiers.md): make audit ROUND=2 [CONFIG='{"ops": ...}']
+ROUND ?= 1
+audit: setup
+	FLYWHEEL_PROFILE=$(PROFILE) DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster asset materialize -m pipelines.definitions \
+		--select reward_audit --partition $(ROUND) $(if $(CONFIG),--config-json '$(CONFIG)',)
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --port 5000

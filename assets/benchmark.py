@@ -11,7 +11,7 @@ from assets.sft import load_checkpoint, records
 from assets.tracking import CHALLENGER, CHAMPION, MLflowTracker
 from environments.tools import CodeInterpreter
 from training.evaluate import evaluate_policy, promotion_decision, summarize
-from verifiers.rewards import RewardWeights
+from verifiers.cascade import Cascade
 
 
 def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
@@ -19,11 +19,11 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, pointer, cfg.model.dtype)
-    weights, bench = RewardWeights(**cfg.reward.model_dump()), cfg.benchmark
+    bench = cfg.benchmark
     task_rows = records(tasks)
     with sandbox.open() as box:
-        tool = CodeInterpreter(box)
-        common = dict(tool=tool, rollout=cfg.rollout, weights=weights, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
+        tool, cascade = CodeInterpreter(box), Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
+        common = dict(tool=tool, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
         sampled = evaluate_policy(model, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
         greedy = evaluate_policy(model, tok, task_rows, samples_per_task=1, greedy=True, **common)
     summary = summarize(sampled, bench.confidence)

@@ -19,7 +19,8 @@ from environments.arithmetic import FAMILY, LEVELS
 from environments.tools import CodeInterpreter
 from training.grpo import train_round
 from training.model import save_checkpoint
-from verifiers.rewards import RewardWeights
+from training.scoring import reward_summary, tier_table
+from verifiers.cascade import Cascade
 
 rl_rounds = DynamicPartitionsDefinition(name="rl_round")
 CURVE_KEYS = ["reward/total/mean", "reward/outcome/pass_rate", "actor/entropy", "reward/total/std", "loss/kl", "rollout/tool_call_rate"]
@@ -59,9 +60,11 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     params = {"rl": cfg.rl.model_dump(), "rollout": cfg.rollout.model_dump(), "reward": cfg.reward.model_dump(), "init_version": init_version}
     with tracker.run(context, "rl_round", params) as run_id, sandbox.open() as box:
         result = train_round(policy, reference, tok, records(training_tasks), CodeInterpreter(box), rl=cfg.rl, rollout=cfg.rollout,
-                             weights=RewardWeights(**cfg.reward.model_dump()), round_index=round_index, policy_version=init_version,
+                             cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index, policy_version=init_version,
                              seed=cfg.seed * 1000 + round_index, on_step=log)
         tracker.log_history(run_id, result.history)
+        summary = reward_summary(result.rewards, result.tier_stats, result.disagreements)
+        tracker.log_metrics(run_id, {f"round/{k}": v for k, v in summary.items()})
         png = curves_png(result.history, CURVE_KEYS, f"RL round {round_index} ({cfg.rl.algorithm})")
         tracker.log_png(run_id, png, "rl_curves.png")
     with storage.writable_dir("checkpoints", "rl", f"round-{round_index}") as (path, uri):
@@ -73,8 +76,10 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         "example": MetadataValue.text(result.rollouts[-1]["completion"]),
     })
     yield Output(rewards, "verified_rewards", metadata={
-        "rows": len(rewards), "reward_mean": float(rewards["reward"].mean()), "pass_rate": float(rewards["outcome"].fillna(0).mean()),
-        "unscorable": int(rewards["outcome"].isna().sum()), "curves": markdown_image(png, "RL curves"),
+        "rows": len(rewards), "unscorable": int(summary["reward/unscorable"]),
+        **{k.replace("/", "_"): float(v) for k, v in summary.items() if k.startswith("reward/") and k != "reward/unscorable"},
+        **{k.replace("/", "_"): float(v) for k, v in summary.items() if k.startswith("verifier/") and not k.endswith("/seconds")},
+        "verifier_tiers": MetadataValue.md(tier_table(result.tier_stats)), "curves": markdown_image(png, "RL curves"),
     })
     yield Output({"uri": uri, "mlflow_run_id": run_id, "init_version": init_version, "round": round_index}, "rl_checkpoint", metadata={
         "uri": uri, "init_version": init_version, "mlflow_run_id": run_id, "final_entropy": last.get("actor/entropy", float("nan")),

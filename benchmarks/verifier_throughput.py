@@ -1,21 +1,31 @@
-"""Verifier throughput on this machine: the fast tier (answer checks) and the sandbox tier.
+"""Verifier throughput on this machine, tier by tier.
 
-    .venv/bin/python benchmarks/verifier_throughput.py [--seconds 3]
+    .venv/bin/python benchmarks/verifier_throughput.py [--seconds 3] [--json PATH]
 
-Prints answer checks per second for each fast-tier verifier and for the composite reward, and
-sandboxed code runs per minute (trivial programs, the bubblewrap pool of 2 workers) with the
-per-call overhead. Not a test: numbers depend on the machine; docs/results.md records them.
+Prints a table and writes it as JSON:
+* each registered answer verifier called through `run_verifier` (the interface training uses);
+* the cascade's fast tier (answer extraction, empty/size guards, precheck), measured by the
+  cascade's own per-tier clock over a realistic mix of candidates, and the whole composite
+  reward (fast + verify + shaping) per second;
+* the sandbox tier: trivial programs per minute through the bubblewrap pool (2 workers), the
+  per-call overhead of one call at a time, and unit-test verifications per minute (candidate +
+  3 tests in one sandboxed harness) through the cascade with its concurrency of 2.
+Not a test: numbers depend on the machine; docs/verifiers.md records them with this command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import random
 import time
+from pathlib import Path
 
-from verifiers.math_equiv import numeric_match
-from verifiers.qa import exact_match, token_f1
-from verifiers.rewards import RewardWeights, compute_reward
+from configs.schema import RewardConfig, VerifierSpec
+from verifiers.base import run_verifier
+from verifiers.cascade import Cascade
+from verifiers.shaping import Candidate
 
 
 def rate(fn, items, seconds: float) -> float:
@@ -28,34 +38,67 @@ def rate(fn, items, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
+def answer_verifiers(seconds: float) -> dict[str, float]:
     rng = random.Random(0)
-    numbers = [(str(v + rng.choice([0, 0, 1])), str(v), 1e-6) for v in (rng.randint(0, 10**6) for _ in range(1000))]
-    answers = [("the Eiffel Tower", ["Eiffel Tower", "La Tour Eiffel"]), ("Paris", "London")] * 500
-    weights = RewardWeights()
-    turns = [("arithmetic", ["<code>print(6*7)</code>", f"<answer>{p}</answer>"], 1, g, weights) for p, g, _ in numbers]
-    print(f"fast tier, numeric_match:   {rate(numeric_match, numbers, args.seconds):>10,.0f} checks/s")
-    print(f"fast tier, exact_match:     {rate(exact_match, answers, args.seconds):>10,.0f} checks/s")
-    print(f"fast tier, token_f1:        {rate(token_f1, answers, args.seconds):>10,.0f} checks/s")
-    print(f"composite reward (parse+check+shaping): {rate(compute_reward, turns, args.seconds):>10,.0f} rewards/s")
+    ints = [(str(v + rng.choice([0, 0, 1])), {"answer": str(v)}) for v in (rng.randint(0, 10**6) for _ in range(1000))]
+    qa = [("the Eiffel Tower", {"answer": "Eiffel Tower", "aliases": ["La Tour Eiffel"]}), ("Paris", {"answer": "London"})] * 500
+    symbolic = [("2*sqrt(2)", {"answer": "sqrt(8)"}), ("x+1", {"answer": "1+x"}), ("1/2", {"answer": "0.5"})] * 20
+    cases = {"numeric (integers)": ("numeric", ints), "math (integers)": ("math", ints), "math (symbolic)": ("math", symbolic),
+             "exact_match": ("exact_match", qa), "token_f1": ("token_f1", qa)}
+    return {label: rate(lambda p, t, n=name: run_verifier(n, p, t, {}), items, seconds) for label, (name, items) in cases.items()}
 
+
+def cascade_rates(seconds: float) -> dict[str, float]:
+    rng = random.Random(1)
+    task = {"task_id": "t", "family": "arithmetic", "answer": "18026"}
+    mix = [["<code>print(347*52-18)</code>", "<answer>18026</answer>"], ["<answer>18025</answer>"], ["<answer>1</answer><answer>2</answer>"],
+           ["no answer at all"], ["<answer> </answer>"]]
+    items = [(Candidate(rng.choice(mix), 20, ("code",)), task) for _ in range(1000)]
+    cascade = Cascade(RewardConfig())
+    per_second = rate(lambda batch: cascade.score_many(batch), [(items,)], seconds) * len(items)
+    fast = cascade.stats["fast"]
+    return {"fast tier checks": fast.calls / fast.seconds, "composite rewards (all tiers + shaping)": per_second}
+
+
+def sandbox_rates(seconds: float) -> dict[str, float]:
     from verifiers.sandbox import BubblewrapSandbox, SandboxLimits
 
+    tests = json.dumps([{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(3)])
+    task = {"task_id": "c", "family": "code", "entry_point": "add", "tests": tests, "answer": ""}
+    candidate = Candidate(["<answer>def add(a, b):\n    return a + b</answer>"], 20, ())
     with BubblewrapSandbox(SandboxLimits(), pool_size=2) as box:
         box.run_many(["pass"] * 20)  # warm the workers
         codes = [f"print({i}*{i})" for i in range(400)]
         start = time.perf_counter()
-        results = box.run_many(codes)
-        elapsed = time.perf_counter() - start
-        assert all(r.ok for r in results)
+        assert all(r.ok for r in box.run_many(codes))
+        runs_per_min = len(codes) / (time.perf_counter() - start) * 60
         one = time.perf_counter()
         for code in codes[:100]:
             box.run_python(code)
-        per_call = (time.perf_counter() - one) / 100
-    print(f"sandbox tier (bubblewrap, 2 workers): {len(codes) / elapsed * 60:>10,.0f} code runs/min; one call at a time: {per_call * 1000:.1f} ms/call")
+        per_call_ms = (time.perf_counter() - one) / 100 * 1000
+        cfg = RewardConfig(verifiers={"code": VerifierSpec(name="unit_tests")}, terms={})
+        cascade = Cascade(cfg, box, concurrency=2)
+        batch = [(candidate, task)] * 100
+        scored = rate(lambda b: cascade.score_many(b), [(batch,)], seconds) * len(batch)
+        assert all(r.outcome == 1.0 for r in cascade.score_many(batch[:4]))
+    return {"sandbox runs/min (trivial programs, 2 workers)": runs_per_min, "sandbox ms per call (one at a time)": per_call_ms,
+            "code verifications/min (3 unit tests, cascade, 2 workers)": scored * 60}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/verifier_throughput.json"))
+    args = parser.parse_args()
+    results = {"answer verifiers (checks/s)": answer_verifiers(args.seconds), "cascade (per s)": cascade_rates(args.seconds),
+               "sandbox": sandbox_rates(args.seconds)}
+    for section, figures in results.items():
+        print(section)
+        for label, value in figures.items():
+            print(f"  {label:<58} {value:>12,.1f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"machine": platform.machine(), "python": platform.python_version(), **results}, indent=1))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

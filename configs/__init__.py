@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,15 @@ def flywheel_home() -> Path:
     return Path(os.environ.get("FLYWHEEL_HOME", "./.flywheel")).resolve()
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node = tree
+def _set_path(tree: dict[str, Any], dotted: str, value: Any, defaults: dict[str, Any]) -> None:
+    """Set `a.b.c` in the profile tree. A section missing from the profile is first filled from
+    the schema's defaults, so `reward.terms.format.weight=0.2` changes one weight of the default
+    terms instead of replacing the whole mapping with a one-entry dict."""
+    node, default = tree, defaults
     *parents, leaf = dotted.split(".")
     for key in parents:
-        node = node.setdefault(key, {})
+        default = default.get(key, {}) if isinstance(default, dict) else {}
+        node = node.setdefault(key, copy.deepcopy(default) if isinstance(default, dict) else {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
     node[leaf] = value
@@ -72,8 +77,9 @@ def load_profile(name: str | None = None, overrides: dict[str, Any] | None = Non
     if not isinstance(tree, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(tree).__name__}")
     tree.setdefault("profile", name)
+    defaults = FlywheelConfig().model_dump()
     for key, value in (overrides or {}).items():
-        _set_path(tree, key, value)
+        _set_path(tree, key, value, defaults)
     try:
         return FlywheelConfig.model_validate(tree)
     except ValidationError as exc:

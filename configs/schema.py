@@ -8,7 +8,7 @@ fails with the field path and the value (see `configs.load_profile`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -110,19 +110,56 @@ class RLConfig(_Strict):
     init_from: Literal["champion", "sft"] = Field("champion", description="Where each round starts.")
 
 
+class VerifierSpec(_Strict):
+    """A registered verifier (`verifiers.base.VERIFIERS`) and its keyword parameters."""
+
+    name: str = Field(description="Registered name, e.g. math, numeric, exact_match, token_f1, unit_tests.")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ShapingTerm(_Strict):
+    """contribution = clip(weight * raw, -cap, +cap); `raw` comes from the registered term."""
+
+    weight: float = Field(ge=0)
+    cap: float = Field(ge=0, description="Bound on |contribution|: what makes 'outcome dominates' checkable.")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class StrictTierConfig(_Strict):
+    """The cascade's optional high-fidelity tier: a stricter verifier for selected candidates."""
+
+    verifiers: dict[str, VerifierSpec] = Field(default_factory=dict, description="family -> strict verifier; empty = tier off.")
+    select: Literal["passed", "all"] = Field("passed", description="passed: only candidates the main tier rewarded.")
+    sample_rate: float = Field(1.0, gt=0, le=1, description="Fraction of selected candidates (hash of trajectory id).")
+
+
+def _default_terms() -> dict[str, ShapingTerm]:
+    return {
+        "format": ShapingTerm(weight=0.1, cap=0.1),  # well-formed tags, exactly one final answer
+        "tool_cost": ShapingTerm(weight=0.1, cap=0.3),  # per call: learn *when* to call (ToolRL)
+        "tool_misuse": ShapingTerm(weight=0.1, cap=0.2),  # per invalid / duplicate / unknown-tool call
+        "overlong": ShapingTerm(weight=0.2, cap=0.2, params={"max_tokens": 128, "buffer": 32}),  # DAPO soft penalty
+    }
+
+
 class RewardConfig(_Strict):
-    """Outcome dominates; shaping terms are small and capped (documented in docs/architecture.md)."""
+    """reward = outcome_weight * outcome + sum of capped shaping terms (docs/verifiers.md).
+    Outcome dominates: the caps of all shaping terms together stay below outcome_weight."""
 
     outcome_weight: float = Field(1.0, gt=0)
-    format_weight: float = Field(0.1, ge=0)
-    tool_cost: float = Field(0.1, ge=0, description="Subtracted per tool call (ToolRL tool efficiency).")
-    max_tool_penalty: float = Field(0.3, ge=0, description="Cap on the total tool cost.")
-    rel_tol: float = Field(1e-6, ge=0, description="Relative tolerance of numeric equivalence.")
+    verifiers: dict[str, VerifierSpec] = Field(
+        default_factory=lambda: {"arithmetic": VerifierSpec(name="math", params={"rel_tol": 1e-6}),
+                                 "code": VerifierSpec(name="unit_tests", params={"mode": "fraction"})},
+        description="task family -> outcome verifier (the cascade's main tier).")
+    terms: dict[str, ShapingTerm] = Field(default_factory=_default_terms, description="Registered shaping term -> weight/cap.")
+    strict: StrictTierConfig = StrictTierConfig()
+    max_answer_chars: int = Field(512, ge=1, description="Fast tier: a longer final answer is rejected unread.")
 
     @model_validator(mode="after")
     def _outcome_dominant(self) -> "RewardConfig":
-        if self.format_weight + self.max_tool_penalty >= self.outcome_weight:
-            raise ValueError("shaping (format_weight + max_tool_penalty) must stay below outcome_weight")
+        shaping = sum(t.cap for t in self.terms.values())
+        if shaping >= self.outcome_weight:
+            raise ValueError(f"shaping caps sum to {shaping:g}; they must stay below outcome_weight={self.outcome_weight:g}")
         return self
 
 
@@ -130,7 +167,7 @@ class SandboxConfig(_Strict):
     kind: Literal["bubblewrap", "docker"] = "bubblewrap"
     pool_size: int = Field(2, ge=1)
     timeout_s: float = Field(2.0, gt=0)
-    memory_mb: int = Field(256, ge=16)
+    memory_mb: int = Field(256, ge=64)
     max_processes: int = Field(8, ge=1)
 
 

@@ -11,12 +11,13 @@ import os
 
 from dagster import AssetSelection, DefaultSensorStatus, Definitions, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, define_asset_job, sensor
 
-from assets import benchmark, data, rl, sft
+from assets import audit, benchmark, data, rl, sft
 from configs import load_profile
 from pipelines.resources import executor_for, resources_for
 
 FOUNDATION_JOB = "foundation"
 RL_ROUND_JOB = "rl_round_job"
+AUDIT_JOB = "reward_audit_job"
 
 
 def build_definitions(profile: str | None = None, overrides: dict | None = None) -> Definitions:
@@ -33,6 +34,8 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
         partitions_def=rl.rl_rounds,
         description="One RL round from the champion, then its benchmark and the promotion gate.",
     )
+    audit_job = define_asset_job(AUDIT_JOB, selection=AssetSelection.assets("reward_audit"), partitions_def=rl.rl_rounds,
+                                 description="Re-score a stored round with another verifier configuration; report disagreements.")
 
     @sensor(job=rl_job, minimum_interval_seconds=int(cfg.orchestration.retrain_interval_hours * 3600), default_status=DefaultSensorStatus.STOPPED)
     def retrain_sensor(context: SensorEvaluationContext):
@@ -49,10 +52,10 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
 
     return Definitions(
         assets=[data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
-                benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores],
+                benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit],
         asset_checks=[data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
                       sft.sft_trajectories_contract, rl.rollout_batches_contract],
-        jobs=[foundation, rl_job],
+        jobs=[foundation, rl_job, audit_job],
         sensors=[retrain_sensor],
         resources=resources_for(cfg, overrides),
         executor=executor_for(cfg),

@@ -25,7 +25,7 @@ def test_tiny_is_default(monkeypatch):
         ({"rl.learning_rate": -1}, "rl.learning_rate", "-1"),
         ({"rl.loss_agg_mode": "token_sum"}, "rl.loss_agg_mode", "token_sum"),
         ({"sft.stepz": 3}, "sft.stepz", "3"),
-        ({"reward.format_weight": 0.9}, "reward", "outcome_weight"),
+        ({"reward.terms.format.cap": 0.9}, "reward", "outcome_weight"),
     ],
 )
 def test_invalid_values_name_field_and_value(override, field, shown):
@@ -56,3 +56,11 @@ def test_config_choices_match_the_registries():
     fields = RLConfig.model_fields
     assert set(get_args(fields["advantage_estimator"].annotation)) == set(ADVANTAGE_ESTIMATORS.names())
     assert set(get_args(fields["policy_loss"].annotation)) == set(POLICY_LOSSES.names())
+
+
+def test_override_inside_a_default_mapping_keeps_the_rest():
+    cfg = load_profile("tiny", {"reward.terms.format.weight": 0.05, "reward.verifiers.arithmetic.params.rel_tol": 0.0})
+    assert cfg.reward.terms["format"].weight == 0.05 and cfg.reward.terms["format"].cap == 0.1
+    assert set(cfg.reward.terms) == {"format", "tool_cost", "tool_misuse", "overlong"}
+    assert set(cfg.reward.verifiers) == {"arithmetic", "code"}
+    assert cfg.reward.verifiers["arithmetic"].name == "math" and cfg.reward.verifiers["arithmetic"].params == {"rel_tol": 0.0}

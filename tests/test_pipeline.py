@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LINEAGE = {"benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
            "sft_benchmark_scores", "rollout_batches", "verified_rewards", "rl_checkpoint", "benchmark_scores"}
+ON_DEMAND = {"reward_audit"}  # materialized by users (or the test below), not by `make run`
 
 
 def test_definitions_load_with_the_lineage():
@@ -18,7 +19,7 @@ def test_definitions_load_with_the_lineage():
 
     defs = build_definitions("micro", {})
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == LINEAGE
+    assert keys == LINEAGE | ON_DEMAND
     assert defs.resolve_job_def("foundation") and defs.resolve_job_def("rl_round_job")
     assert defs.resolve_sensor_def("retrain_sensor")
 
@@ -82,6 +83,29 @@ def test_micro_flywheel_end_to_end(home):
     assert not (REPO / "mlruns").exists(), "MLflow artifacts must live under FLYWHEEL_HOME, not the working directory"
     artifacts = {a.path for a in client.list_artifacts(outcome["rounds"][0]["mlflow_run_id"])}
     assert {"checkpoint", "per_task_scores.json", "plots"} <= artifacts
+
+    # verified_rewards reports each component's mean, the unscorable count and per-tier counts/latency
+    rewards_meta = instance.get_latest_materialization_event(AssetKey("verified_rewards")).asset_materialization.metadata
+    for key in ("unscorable", "reward_outcome_mean", "reward_format_mean", "reward_tool_cost_mean", "reward_overlong_mean",
+                "verifier_fast_calls", "verifier_verify_calls", "verifier_verify_latency_ms", "verifier_tiers"):
+        assert key in rewards_meta, key
+    logged = {k for r in runs if r.data.tags["dagster.asset"] == "rl_round" for k in client.get_run(r.info.run_id).data.metrics}
+    assert {"round/reward/unscorable", "round/reward/format/mean", "round/verifier/fast/calls", "round/verifier/verify/latency_ms"} <= logged
+
+    # the audit re-scores the stored round with a stricter verifier and reports disagreements
+    from pipelines.definitions import AUDIT_JOB, build_definitions
+
+    audit = build_definitions("micro", {}).resolve_job_def(AUDIT_JOB).execute_in_process(instance=instance, partition_key="1")
+    assert audit.success
+    audit_meta = instance.get_latest_materialization_event(AssetKey("reward_audit")).asset_materialization.metadata
+    assert audit_meta["rows_rescored"].value == len(instance_rows(home, "rollout_batches"))
+    assert {"disagreements", "training_only", "verifier_tiers"} <= set(audit_meta)
+
+
+def instance_rows(home, asset: str):
+    import pandas as pd
+
+    return pd.read_parquet(home / "artifacts" / "assets" / asset / "1.parquet")
 
 
 def _check_key(asset: str, name: str):

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import itertools
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,34 +22,61 @@ if shutil.which("bwrap") is None:
                 allow_module_level=True)
 
 from verifiers.sandbox import (  # noqa: E402  (after the module-level skip)
+    DEFAULT_UID_BASE,
+    SANDBOX_ENV,
     TRUNCATION_MARKER,
     BubblewrapSandbox,
     Sandbox,
     SandboxLimits,
+    _seccomp_program,
     make_sandbox,
 )
 from verifiers.docker_sandbox import DockerSandbox  # noqa: E402
 
 LIMITS = SandboxLimits(timeout_s=1.0, cpu_s=2, memory_mb=256, max_processes=8,
                        max_output_bytes=4096, max_file_mb=8)
+# Every pool here runs as uids of its own, not shared with other sandboxes on this host
+# (another test run, the pipeline): host-side process counts are then exact, and
+# RLIMIT_NPROC, which counts per uid system-wide, is not shared either.
+_uid_bases = itertools.count(DEFAULT_UID_BASE + 1_000_000 + os.getpid() % 100_000 * 100, 4)
+
+
+def pool(limits: SandboxLimits, pool_size: int) -> BubblewrapSandbox:
+    return BubblewrapSandbox(limits, pool_size, uid_base=next(_uid_bases))
+
+
+def host_pids(uids) -> list[int]:
+    """Host pids of processes whose real uid is in `uids` (from world-readable /proc/*/status)."""
+    wanted, found = {str(uid) for uid in uids}, []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                uid_line = next(line for line in fh if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue  # not a pid, or exited meanwhile
+        if uid_line.split()[1] in wanted:
+            found.append(int(name))
+    return found
 
 
 @pytest.fixture(scope="module")
 def sandbox():
-    with BubblewrapSandbox(LIMITS, pool_size=2) as sb:
+    with pool(LIMITS, pool_size=2) as sb:
         yield sb
 
 
 @pytest.fixture(scope="module")
 def single():
-    """One worker (so consecutive calls share it) with CPU limit < wall-clock limit.
+    """One worker (so consecutive calls share it) with CPU limit < wall-clock limit."""
+    with pool(SandboxLimits(timeout_s=4.0, cpu_s=1), pool_size=1) as sb:
+        yield sb
 
-    Started with a secret in the host environment, to check it does not leak.
-    """
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLYWHEEL_TEST_SECRET", "s3cr3t")
-        sb = BubblewrapSandbox(SandboxLimits(timeout_s=4.0, cpu_s=1), pool_size=1)
-    with sb:
+
+@pytest.fixture(scope="module")
+def hostile():
+    """A pool of its own for attacks that would damage the pool (not the host) if they worked."""
+    # A long wall clock, so that CPU limits fire first even on a loaded machine.
+    with pool(SandboxLimits(timeout_s=10.0, cpu_s=1, max_processes=8), pool_size=1) as sb:
         yield sb
 
 
@@ -107,24 +141,38 @@ except OSError as exc:
 
 
 def test_no_writes_outside_scratch(sandbox):
-    targets = ["/work/main/should_not_exist.txt", "/etc/x", "/root/should_not_exist.txt",
-               "/usr/should_not_exist.txt", "/tmp/outside_scratch.txt"]
-    preexisting = {t for t in targets if os.path.exists(t)}
-    code = f"""
-for path in {targets!r}:
+    """Read-only bind of the host root and a private /tmp: nothing outside scratch is writable.
+
+    The target is a world-writable file and directory we create on the host, so only the
+    read-only mount stops the write (EROFS), and a missing defense costs a temp file.
+    """
+    if not os.path.isdir("/var/tmp"):
+        pytest.skip("no host /var/tmp to place a victim file in")
+    victim_dir = Path(tempfile.mkdtemp(prefix="sandbox-victim-", dir="/var/tmp"))
+    try:
+        victim = victim_dir / "victim.txt"
+        victim.write_text("original")
+        victim_dir.chmod(0o777)
+        victim.chmod(0o666)
+        code = f"""
+import os
+for path in ({str(victim)!r}, {str(victim_dir / "new.txt")!r}, "/tmp/outside_scratch.txt"):
     try:
         with open(path, "w") as fh:
             fh.write("x")
         print("WROTE", path)
     except OSError as exc:
-        print("DENIED", path, type(exc).__name__)
+        print("DENIED", os.path.basename(path), exc.errno)
 """
-    result = sandbox.run_python(code)
-    assert result.ok, result.stderr
-    assert "WROTE" not in result.stdout
-    assert result.stdout.count("DENIED") == len(targets)
-    for target in set(targets) - preexisting:
-        assert not os.path.exists(target), f"{target} leaked onto the host"
+        result = sandbox.run_python(code)
+        assert result.ok, result.stderr
+        assert result.stdout.splitlines() == [
+            f"DENIED victim.txt {errno.EROFS}", f"DENIED new.txt {errno.EROFS}",
+            f"DENIED outside_scratch.txt {errno.EACCES}"]  # the private /tmp is root's
+        assert victim.read_text() == "original"
+        assert sorted(p.name for p in victim_dir.iterdir()) == ["victim.txt"]
+    finally:
+        shutil.rmtree(victim_dir)
 
 
 def test_scratch_is_writable_but_not_shared_between_calls(single):
@@ -138,14 +186,76 @@ def test_scratch_is_writable_but_not_shared_between_calls(single):
         assert check.ok and check.stdout == "[]\n"
 
 
-def test_host_secrets_are_hidden(single):
-    result = single.run_python("import os; print('FLYWHEEL_TEST_SECRET' in os.environ)")
-    assert result.stdout == "False\n"
-    here = str(Path(__file__).resolve())
-    if not any(here.startswith(p + "/") for p in ("/work", "/home", "/root")):
-        pytest.skip(f"{here} is not under a masked directory")
-    result = single.run_python(f"import os; print(os.path.exists({here!r}))")
-    assert result.stdout == "False\n"  # the repo (answer keys, data) is not readable
+def test_host_files_are_not_readable(sandbox, tmp_path):
+    """Masked host dirs, private /tmp, and the uid drop (no CAP_DAC_OVERRIDE) keep host files out.
+
+    The repo (answer keys, data), /root and /home (credentials), /run (sockets) are empty
+    tmpfs mounts; /etc/shadow is visible but not readable by the sandbox uid.
+    """
+    answer_key = tmp_path / "answer_key.txt"  # the host's /tmp: not the sandbox's
+    answer_key.write_text("42")
+    repo_file = str(Path(__file__).resolve())
+    masked = [p for p in ("/root", "/home", "/work", "/run", "/mnt", "/srv", "/media")
+              if os.path.isdir(p) and not os.path.islink(p)]
+    code = f"""
+import os
+for path in ("/etc/shadow", {str(answer_key)!r}, {repo_file!r}, "/proc/1/root/etc/passwd"):
+    try:
+        open(path, "rb").read()
+        print("READ", path)
+    except OSError as exc:
+        print(type(exc).__name__, path)
+print({{p: sorted(os.listdir(p)) for p in {masked!r}}})
+"""
+    result = sandbox.run_python(code)
+    assert result.ok, result.stderr
+    *reads, listings = result.stdout.splitlines()
+    shadow = "PermissionError" if os.path.exists("/etc/shadow") else "FileNotFoundError"
+    expected = [f"{shadow} /etc/shadow", f"FileNotFoundError {answer_key}"]
+    if repo_file.startswith(tuple(p + "/" for p in masked)):
+        expected.append(f"FileNotFoundError {repo_file}")
+    else:
+        reads = [line for line in reads if repo_file not in line]  # not under a masked dir here
+    expected.append("PermissionError /proc/1/root/etc/passwd")  # bwrap's root: not ours to enter
+    assert reads == expected
+    # Masked dirs are empty but for the path to the interpreter, bound back read-only.
+    interpreter = {os.path.realpath(sys.base_prefix),
+                   os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    assert eval(listings) == {p: sorted({os.path.relpath(x, p).split("/")[0] for x in interpreter
+                                         if x.startswith(p + "/")}) for p in masked}
+
+
+def test_host_environment_does_not_leak(monkeypatch):
+    """bwrap and the workers start with SANDBOX_ENV, not the training process's environment.
+
+    Secrets in os.environ at pool creation must not reach os.environ of the code, nor
+    /proc/*/environ of anything it can see (a process it execs may read its own).
+    """
+    secrets = {"FLYWHEEL_TEST_SECRET": "s3cr3t-flywheel", "AWS_SECRET_ACCESS_KEY": "s3cr3t-aws"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    code = """
+import json, os, subprocess
+print(json.dumps(dict(os.environ)))
+for path in ("/proc/self/environ", "/proc/1/environ", "/proc/2/environ"):
+    try:
+        print(path, open(path, "rb").read())
+    except OSError as exc:
+        print(path, type(exc).__name__)
+print(subprocess.run(["cat", "/proc/self/environ"], capture_output=True).stdout)
+"""
+    with pool(LIMITS, pool_size=1) as fresh:
+        result = fresh.run_python(code)
+    assert result.ok, result.stderr
+    env, *procs, exec_env = result.stdout.splitlines()
+    assert json.loads(env) == SANDBOX_ENV
+    # After setuid the child is not dumpable; bwrap (1) and the worker (2) are root's.
+    assert procs == [f"{p} PermissionError" for p in
+                     ("/proc/self/environ", "/proc/1/environ", "/proc/2/environ")]
+    assert "PATH=" in exec_env  # the exec'd process did read its environment
+    for name, value in secrets.items():
+        assert value not in result.stdout + result.stderr
+        assert name not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time; time.sleep(30)"])
@@ -207,6 +317,282 @@ def test_escaped_background_process_is_killed(single):
         "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
     pids = eval(result.stdout)
     assert pids[:2] == [1, 2] and len(pids) == 3, pids
+
+
+def test_ignored_sigxcpu_still_dies_at_the_cpu_hard_limit(hostile):
+    """RLIMIT_CPU's hard limit (cpu_s + 1) ends in SIGKILL, which no handler can ignore.
+
+    Ignoring and blocking SIGXCPU (the soft-limit warning) buys one more CPU second, no more:
+    the call ends inside the 10 s wall clock.
+    """
+    code = ("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXCPU})\nwhile True:\n    pass")
+    result = hostile.run_python(code)
+    assert result.error == "cpu_limit" and result.timed_out
+    assert result.exit_code == -signal.SIGKILL
+    assert result.duration_s < hostile.limits.timeout_s
+    assert host_pids(hostile.uids) == []
+
+
+def test_ignored_signals_still_die_at_the_wall_clock(sandbox):
+    """The wall clock is enforced with SIGKILL to everything in the PID namespace.
+
+    Code (and a grandchild in its own session) that ignores or blocks every catchable
+    signal and sleeps, so that the CPU limit never fires, is still gone at timeout_s.
+    """
+    code = """
+import os, signal, time
+for sig in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU,
+            signal.SIGUSR1, signal.SIGCHLD, signal.SIGPIPE):
+    signal.signal(sig, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP})
+if os.fork() == 0:
+    os.setsid()
+print("ignoring", flush=True)
+time.sleep(30)
+"""
+    start = time.monotonic()
+    result = sandbox.run_python(code)
+    assert result.error == "timeout" and result.exit_code is None
+    assert time.monotonic() - start < LIMITS.timeout_s + 1.0
+    assert result.stdout.startswith("ignoring\n")
+    assert host_pids(sandbox.uids) == []
+
+
+def test_kill_attempts_on_worker_and_init_are_refused(hostile):
+    """The uid drop leaves no CAP_KILL; kill(-1) only reaches the sandbox's PID namespace.
+
+    kill(-1) is only sent after the same child has checked it is in the sandbox's own
+    PID namespace (bwrap is its pid 1, the worker its parent at pid 2). A host process
+    running as the sandbox uid, which a kill(-1) outside that namespace would reach,
+    must survive, and the pool must serve the next call from the same worker.
+    """
+    code = """
+import os, signal
+init = open("/proc/1/cmdline", "rb").read().split(b"\\0")[0]
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+own_namespace = os.getppid() == 2 and init.endswith(b"/bwrap") and pids == [1, 2, os.getpid()]
+print("own-pid-namespace", own_namespace, flush=True)
+for pid in (os.getppid(), 2, 1):
+    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP):
+        try:
+            os.kill(pid, sig)
+            print("SENT", pid, sig.name)
+        except PermissionError:
+            print("EPERM", pid, sig.name)
+if own_namespace:
+    os.kill(-1, signal.SIGKILL)
+    print("kill(-1) returned")
+"""
+    workers = hostile.worker_pids()
+    bystander = subprocess.Popen(["sleep", "30"], user=hostile.uids[0])  # sandbox uid, host side
+    try:
+        result = hostile.run_python(code)
+        assert result.ok, result.stderr
+        namespace, *lines = result.stdout.splitlines()
+        assert lines[:9] == [f"EPERM {pid} {sig}" for pid in (2, 2, 1)
+                             for sig in ("SIGTERM", "SIGKILL", "SIGSTOP")]
+        if namespace != "own-pid-namespace True":
+            pytest.skip(f"not in the sandbox's own PID namespace ({namespace}): kill(-1) not tried")
+        assert lines[9:] == ["kill(-1) returned"]
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert hostile.worker_pids() == workers
+    after = hostile.run_python("print('next')")
+    assert after.ok and after.stdout == "next\n"
+
+
+def test_proc_shows_only_the_sandbox(sandbox):
+    """The private PID namespace with its own /proc, and the uid drop (ptrace access checks).
+
+    /proc lists bwrap (1), the worker (2) and the code itself -- no host process -- and the
+    environment, memory, maps, fds, cwd and root of bwrap and the worker are not readable.
+    """
+    code = """
+import json, os
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(json.dumps({p: open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")[0].decode()
+                  for p in pids}))
+for pid in (1, 2):
+    for entry in ("environ", "mem", "maps", "stack", "fd", "cwd", "root", "exe"):
+        path = f"/proc/{pid}/{entry}"
+        try:
+            if entry in ("fd",):
+                os.listdir(path)
+            elif entry in ("cwd", "root", "exe"):
+                os.readlink(path)
+            else:
+                open(path, "rb").read(64)
+            print("READ", path)
+        except PermissionError:
+            print("EACCES", path)
+"""
+    result = sandbox.run_python(code)
+    assert result.ok, result.stderr
+    listing, *reads = result.stdout.splitlines()
+    cmdlines = {int(pid): argv0 for pid, argv0 in json.loads(listing).items()}
+    assert sorted(cmdlines)[:2] == [1, 2] and len(cmdlines) == 3, cmdlines  # 1, 2 and us
+    assert os.path.basename(cmdlines[1]) == "bwrap"
+    assert cmdlines[2] == os.path.realpath(sys.executable)  # the worker interpreter
+    assert reads == [f"EACCES /proc/{pid}/{entry}" for pid in (1, 2) for entry in
+                     ("environ", "mem", "maps", "stack", "fd", "cwd", "root", "exe")]
+
+
+def test_subprocesses_are_contained_and_do_not_outlive_the_call(hostile):
+    """subprocess/os.system work within RLIMIT_NPROC; kill(-1) + reaping ends grandchildren.
+
+    A daemonised grandchild (own session, double fork) and a Popen'd `sleep` must be gone
+    from the host when the call returns, which it does as soon as the code itself exits.
+    """
+    code = """
+import os, subprocess
+print(subprocess.run(["sh", "-c", "echo hi"], capture_output=True, text=True).stdout.strip())
+print("system", os.system("true"))
+subprocess.Popen(["sleep", "30"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", "30"])
+    os._exit(0)
+print("spawned")
+"""
+    result = hostile.run_python(code)
+    assert result.ok, result.stderr
+    assert result.stdout == "hi\nsystem 0\nspawned\n"
+    assert result.duration_s < 2.0  # did not wait for the sleeps (nor the 10 s wall clock)
+    assert host_pids(hostile.uids) == []
+
+
+def test_fork_bomb_is_contained_by_the_process_limit(sandbox):
+    """RLIMIT_NPROC (per sandbox uid) caps the processes; the wall clock then ends them all.
+
+    The bomb doubles six times, so even with no limit at all it makes at most 64 processes
+    (a missing defense fails the count, it does not take the host down). The host-side
+    count of the sandbox uids' processes is sampled while it runs.
+    """
+    code = """
+import os, time
+for _ in range(6):
+    try:
+        os.fork()
+    except OSError:
+        pass
+time.sleep(30)
+"""
+    peak = 0
+    with ThreadPoolExecutor(1) as executor:
+        call = executor.submit(sandbox.run_python, code)
+        while not call.done():
+            peak = max(peak, len(host_pids(sandbox.uids)))
+            time.sleep(0.02)
+        result = call.result()
+    assert result.error == "timeout"
+    assert result.duration_s < LIMITS.timeout_s + 1.0
+    assert 1 < peak <= LIMITS.max_processes
+    assert host_pids(sandbox.uids) == []
+    after = sandbox.run_many(["import os\npid = os.fork()\nif pid == 0: os._exit(0)\n"
+                              "os.waitpid(pid, 0)\nprint('ok')"] * 2)
+    assert [r.stdout for r in after] == ["ok\n", "ok\n"]  # the uid's process count was reset
+
+
+def test_ctypes_breakout_attempts_fail(hostile):
+    """No capabilities after the uid drop, no_new_privs, and the seccomp filter.
+
+    Straight libc calls to regain root, enter or create namespaces (a new user namespace
+    would hand out every capability inside it), mount over the masks, or raise the rlimits
+    all return -1 with EPERM, and the process stays unprivileged.
+    """
+    code = """
+import ctypes, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+class RLimit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_ulong), ("max", ctypes.c_ulong)]
+def attempt(name, call):
+    ctypes.set_errno(0)
+    ret = call()
+    if ret == 0 and name == "clone(CLONE_NEWUSER)":
+        os._exit(0)  # the clone child, if it ever exists
+    print(name, ret, os.strerror(ctypes.get_errno()))
+os.mkdir("m")
+mnt_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+attempt("setuid(0)", lambda: libc.setuid(0))
+attempt("setgid(0)", lambda: libc.setgid(0))
+attempt("setgroups", lambda: libc.setgroups(1, ctypes.byref(ctypes.c_uint(0))))
+attempt("unshare(CLONE_NEWUSER)", lambda: libc.unshare(0x10000000))
+attempt("unshare(CLONE_NEWNS)", lambda: libc.unshare(0x00020000))
+attempt("clone(CLONE_NEWUSER)", lambda: libc.syscall(56 if os.uname().machine == "x86_64" else 220,
+                                                     0x10000000 | 17, 0, 0, 0, 0))
+attempt("setns(mnt)", lambda: libc.setns(mnt_ns, 0x00020000))
+attempt("mount(tmpfs)", lambda: libc.mount(b"none", b"/tmp/scratch/m", b"tmpfs", 0, None))
+attempt("umount2(/root)", lambda: libc.umount2(b"/root", 2))
+attempt("chroot", lambda: libc.chroot(b"/tmp/scratch"))
+def limit(n):
+    return ctypes.byref(RLimit(n, n))
+attempt("setrlimit(NPROC up)", lambda: libc.setrlimit(resource.RLIMIT_NPROC, limit(4096)))
+attempt("setrlimit(CPU up)", lambda: libc.setrlimit(resource.RLIMIT_CPU, limit(3600)))
+attempt("prlimit(worker)", lambda: libc.prlimit(2, resource.RLIMIT_CORE, limit(0), None))
+attempt("prctl(CAP_AMBIENT_RAISE)", lambda: libc.prctl(47, 2, 7, 0, 0))
+attempt("prctl(SET_SECUREBITS)", lambda: libc.prctl(28, 0x2F, 0, 0, 0))
+attempt("prctl(CAPBSET_DROP)", lambda: libc.prctl(24, 7, 0, 0, 0))
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print("ids", *os.getresuid(), *os.getresgid(), os.getgroups())
+print("caps", *(int(status[k], 16) for k in ("CapEff", "CapPrm", "CapAmb")))
+print("nnp", status["NoNewPrivs"].strip(), "seccomp", status["Seccomp"].strip())
+"""
+    result = hostile.run_python(code)
+    assert result.ok, result.stderr
+    *attempts, ids, caps, nnp = result.stdout.splitlines()
+    names = ["setuid(0)", "setgid(0)", "setgroups", "unshare(CLONE_NEWUSER)",
+             "unshare(CLONE_NEWNS)", "clone(CLONE_NEWUSER)", "setns(mnt)", "mount(tmpfs)",
+             "umount2(/root)", "chroot",
+             "setrlimit(NPROC up)", "setrlimit(CPU up)", "prlimit(worker)",
+             "prctl(CAP_AMBIENT_RAISE)", "prctl(SET_SECUREBITS)", "prctl(CAPBSET_DROP)"]
+    assert attempts == [f"{name} -1 {os.strerror(errno.EPERM)}" for name in names]
+    uid = hostile.uids[0]
+    assert ids == f"ids {uid} {uid} {uid} {uid} {uid} {uid} []"
+    assert caps == "caps 0 0 0"
+    assert nnp == "nnp 1 seccomp 2"
+    after = hostile.run_python("import os; print(os.listdir('/root'), os.getuid())")
+    assert after.ok and after.stdout.split()[-1] == str(uid)  # the pool is intact
+
+
+def test_ipc_and_keyrings_cannot_carry_state_between_calls(single):
+    """The seccomp filter refuses SysV IPC, POSIX message queues and keyrings.
+
+    These outlive the process that made them (per IPC namespace or per uid, both shared
+    by later calls on the worker) and are not bounded by RLIMIT_AS: without the filter one
+    call leaves a shared-memory segment that the next call reads, or that fills host memory.
+    """
+    write = single.run_python("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = os.uname().machine == "x86_64"
+for name, call in [("shmget", lambda: libc.shmget(0x5EC, 4096, 0o1000 | 0o600)),
+                   ("msgget", lambda: libc.msgget(0x5EC, 0o1000 | 0o600)),
+                   ("semget", lambda: libc.semget(0x5EC, 1, 0o1000 | 0o600)),
+                   ("mq_open", lambda: libc.syscall(240 if x86 else 180, b"leak",
+                                                    os.O_CREAT | os.O_RDWR, 0o600, None)),
+                   ("add_key", lambda: libc.syscall(248 if x86 else 217, b"user", b"leak", b"v", 1,
+                                                    ctypes.c_int(-4)))]:
+    ctypes.set_errno(0)
+    print(name, call(), os.strerror(ctypes.get_errno()))
+""")
+    assert write.ok, write.stderr
+    assert write.stdout.splitlines() == [f"{name} -1 {os.strerror(errno.EPERM)}" for name in
+                                         ("shmget", "msgget", "semget", "mq_open", "add_key")]
+    read = single.run_python(
+        "print([len(open(f'/proc/sysvipc/{k}').readlines()) for k in ('shm', 'msg', 'sem')])")
+    assert read.stdout == "[1, 1, 1]\n"  # header lines only: nothing left behind
+
+
+def test_seccomp_program_per_architecture():
+    """The filter is built for x86_64 and aarch64 (whole instructions); elsewhere it is absent."""
+    for machine in ("x86_64", "aarch64"):
+        program = _seccomp_program(machine)
+        assert program and len(program) % 8 == 0
+    assert _seccomp_program("riscv64") is None
 
 
 def test_output_truncation(sandbox):

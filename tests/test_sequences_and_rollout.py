@@ -8,9 +8,10 @@ from environments.tools import CodeInterpreter
 from training.model import build_model
 from training.rl_math import token_logprobs
 from training.rollout import run_episodes
-from training.scoring import episode_record, score_record
+from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits, encode, encode_observation, encode_segments, policy_spans
-from verifiers.rewards import RewardWeights
+from configs.schema import RewardConfig
+from verifiers.cascade import Cascade
 
 
 def test_encode_segments_masks_tool_output(tokenizer_and_tasks):
@@ -85,12 +86,11 @@ def test_records_and_rewards_recompute_from_storage(random_policy, tokenizer_and
     tok, tasks = tokenizer_and_tasks
     episodes = run_episodes(random_policy, tok, tasks[:3], group_size=2, tool=CodeInterpreter(sandbox), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(1))
     records = [episode_record(e, round_index=1, step=1, policy_version="test", tokenizer=tok) for e in episodes]
-    weights = RewardWeights()
     by_id = {t["task_id"]: t for t in tasks}
-    first = [score_record(r, by_id[r["task_id"]], tok, weights) for r in records]
+    first = score_records(records, by_id, tok, Cascade(RewardConfig()))
     round_tripped = [json.loads(json.dumps(r)) for r in records]  # ids survive storage unchanged
     assert [r["completion_ids"] for r in round_tripped] == [e.completion_ids for e in episodes]
-    again = [score_record(r, by_id[r["task_id"]], tok, weights) for r in round_tripped]
+    again = score_records(round_tripped, by_id, tok, Cascade(RewardConfig()))
     assert first == again
 
 
@@ -99,5 +99,6 @@ def test_answer_inside_observation_is_not_the_policys(tokenizer_and_tasks):
     tok, tasks = tokenizer_and_tasks
     task = tasks[0]
     ids, mask = encode_segments(tok, [("policy", code_turn("print(1)")), ("tool", f"<interpreter><answer>{task['answer']}</answer></interpreter>")])
-    record = {"trajectory_id": "t", "task_id": task["task_id"], "group_id": "g", "level": 1, "round": 1, "step": 1, "completion_ids": ids, "tool_mask": mask, "num_tool_calls": 1}
-    assert score_record(record, task, tok, RewardWeights())["outcome"] == 0.0
+    record = {"trajectory_id": "t", "task_id": task["task_id"], "group_id": "g", "family": task["family"], "level": 1, "round": 1, "step": 1,
+              "completion_ids": ids, "tool_mask": mask, "num_tool_calls": 1}
+    assert score_records([record], {task["task_id"]: task}, tok, Cascade(RewardConfig()))[0]["outcome"] == 0.0

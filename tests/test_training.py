@@ -11,7 +11,8 @@ from training.scoring import episode_record
 from training.sequences import collate, completion_logits
 from training.sft import Example, sft_loss, train_sft, warmup_cosine
 from training.trajectories import build_sft_trajectories
-from verifiers.rewards import RewardWeights
+from configs.schema import RewardConfig
+from verifiers.cascade import Cascade
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +105,12 @@ def test_train_round_logs_every_step(tokenizer_and_tasks, micro_cfg, sandbox, ag
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False)
     rl = micro_cfg.rl.model_copy(update={"loss_agg_mode": agg_mode})
     result = train_round(policy, reference, tok, tasks, CodeInterpreter(sandbox), rl=rl, rollout=micro_cfg.rollout,
-                         weights=RewardWeights(), round_index=1, policy_version="t", seed=0)
+                         cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0)
     n = micro_cfg.rl.steps_per_round * micro_cfg.rl.prompts_per_step * micro_cfg.rl.group_size
     assert len(result.rollouts) == len(result.rewards) == n
     assert [h["step"] for h in result.history] == list(range(1, micro_cfg.rl.steps_per_round + 1))
-    for key in ("reward/total/mean", "reward/total/std", "reward/outcome/pass_rate", "rollout/tool_call_rate", "rollout/completion_len"):
+    for key in ("reward/total/mean", "reward/total/std", "reward/outcome/pass_rate", "rollout/tool_call_rate", "rollout/completion_len",
+                "reward/format/contribution", "verifier/fast/calls", "verifier/verify/latency_ms"):
         assert key in result.history[0]
 
 

@@ -2,7 +2,6 @@ import pytest
 
 from verifiers.math_equiv import numeric_match, parse_number
 from verifiers.protocol import extract_answers, is_well_formed
-from verifiers.rewards import RewardWeights, compute_reward
 
 
 @pytest.mark.parametrize(
@@ -44,36 +43,8 @@ def test_protocol_parsing():
     assert not is_well_formed([])
 
 
-W = RewardWeights(outcome_weight=1.0, format_weight=0.1, tool_cost=0.1, max_tool_penalty=0.3)
 
 
-@pytest.mark.parametrize(
-    "turns, calls, expected",
-    [
-        (["<answer>42</answer>"], 0, 1.1),  # right, direct, well formed
-        (["<code>print(6*7)</code>", "<answer>42</answer>"], 1, 1.0),  # right with one tool call
-        (["<answer>41</answer>"], 0, 0.1),  # wrong but well formed
-        (["<answer>41</answer><answer>42</answer>"], 0, 0.0),  # hedging: two answers score nothing
-        (["<code>1</code>", "<code>2</code>", "<code>3</code>", "<code>4</code>", "<answer>42</answer>"], 4, 0.8),  # 1 + 0.1 - cost capped at 0.3
-        (["no tags at all 42"], 0, 0.0),
-    ],
-)
-def test_composite_reward(turns, calls, expected):
-    r = compute_reward("arithmetic", turns, calls, "42", W)
-    assert r.reward == pytest.approx(expected)
-
-
-def test_outcome_dominates_shaping():
-    right_with_tools = compute_reward("arithmetic", ["<code>a</code>"] * 5 + ["<answer>42</answer>"], 5, "42", W).reward
-    wrong_but_neat = compute_reward("arithmetic", ["<answer>41</answer>"], 0, "42", W).reward
-    assert right_with_tools > wrong_but_neat
-
-
-def test_unknown_family_is_an_error():
-    with pytest.raises(KeyError, match="no outcome verifier for family 'chess'"):
-        compute_reward("chess", ["<answer>1</answer>"], 0, "1", W)
-
-
-def test_unscorable_gold_reported_as_none():
-    r = compute_reward("arithmetic", ["<answer>1</answer>"], 0, "???", W)
-    assert r.outcome is None and r.reward == pytest.approx(0.1)
+@pytest.mark.parametrize("text", ["1e9999999", "3/1e9999999", "1e-9999999", "1/2/3", "1/0"])
+def test_parse_number_refuses_huge_exponents_and_odd_fractions(text):
+    assert parse_number(text) is None

@@ -16,12 +16,12 @@ import torch
 from configs.schema import RolloutConfig
 from environments.tools import CodeInterpreter
 from training.rollout import run_episodes
-from training.scoring import episode_record, score_record
-from verifiers.rewards import RewardWeights
+from training.scoring import episode_record, score_records
+from verifiers.cascade import Cascade
 
 
 def evaluate_policy(
-    model, tokenizer, tasks: list[dict], tool: CodeInterpreter, rollout: RolloutConfig, weights: RewardWeights, *,
+    model, tokenizer, tasks: list[dict], tool: CodeInterpreter, rollout: RolloutConfig, cascade: Cascade, *,
     samples_per_task: int, temperature: float, greedy: bool, seed: int, batch_size: int,
 ) -> list[dict]:
     """One row per task: mean outcome over its samples, tool calls and turns."""
@@ -32,10 +32,11 @@ def evaluate_policy(
     for start in range(0, len(tasks), per_batch):
         chunk = tasks[start : start + per_batch]
         episodes = run_episodes(model, tokenizer, chunk, group_size=k, tool=tool, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
+        records = [episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes]
+        scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
         by_task: dict[str, list] = {}
-        for e in episodes:
-            record = episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer)
-            by_task.setdefault(e.task["task_id"], []).append((record, score_record(record, e.task, tokenizer, weights)))
+        for record, score in zip(records, scores):
+            by_task.setdefault(record["task_id"], []).append((record, score))
         for task in chunk:
             pairs = by_task[task["task_id"]]
             rows.append({

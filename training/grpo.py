@@ -19,9 +19,9 @@ from training.rl_math import (
     agg_loss, entropy_from_logits, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, masked_mean, token_logprobs,
 )
 from training.rollout import run_episodes
-from training.scoring import episode_record, score_record
+from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits
-from verifiers.rewards import RewardWeights
+from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
 
 
 @dataclass
@@ -29,6 +29,8 @@ class RoundResult:
     rollouts: list[dict] = field(default_factory=list)
     rewards: list[dict] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
+    tier_stats: dict[str, TierStats] = field(default_factory=dict)  # the whole round's verification
+    disagreements: int = 0
 
 
 def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
@@ -95,11 +97,13 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
     rewards = torch.tensor([s["reward"] for s in scores])
     outcome = torch.tensor([s["outcome"] or 0.0 for s in scores])
     policy_tokens = [sum(r["tool_mask"]) for r in records]
+    components = {f"reward/{k[len('reward_'):]}/contribution": sum(s[k] for s in scores) / n for k in scores[0] if k.startswith("reward_")}
     return {
+        **components,
         "reward/total/mean": float(rewards.mean()),
         "reward/total/std": float(rewards.std()) if n > 1 else 0.0,
         "reward/outcome/pass_rate": float(outcome.mean()),
-        "reward/format/mean": sum(s["well_formed"] for s in scores) / n,
+        "reward/well_formed/mean": sum(s["well_formed"] for s in scores) / n,
         "reward/unscorable": float(sum(s["outcome"] is None for s in scores)),
         "rollout/tool_call_rate": sum(r["num_tool_calls"] > 0 for r in records) / n,
         "rollout/tool_calls_per_episode": sum(r["num_tool_calls"] for r in records) / n,
@@ -111,7 +115,7 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
 
 def train_round(
     policy, reference, tokenizer, tasks: list[dict], tool: CodeInterpreter, *,
-    rl: RLConfig, rollout: RolloutConfig, weights: RewardWeights, round_index: int, policy_version: str, seed: int,
+    rl: RLConfig, rollout: RolloutConfig, cascade: Cascade, round_index: int, policy_version: str, seed: int,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> RoundResult:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=rl.learning_rate, betas=(0.9, 0.99), weight_decay=0.0)
@@ -127,9 +131,13 @@ def train_round(
         records = [episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer) for e in episodes]
         generate_s = time.perf_counter() - start
         # 2. verify
-        scores = [score_record(r, by_id[r["task_id"]], tokenizer, weights) for r in records]
-        # 3. advantages (group-normalized), dropping groups with no signal
+        scores = score_records(records, by_id, tokenizer, cascade)
+        step_stats, disagreements = cascade.take_stats()
+        merge_stats(result.tier_stats, step_stats)
+        result.disagreements += disagreements
+        # 3. advantages (group-normalized), dropping groups with no signal or an unscorable task
         advantages, keep = compute_advantages([s["reward"] for s in scores], [r["group_id"] for r in records], rl.advantage_estimator)
+        keep &= torch.tensor([s["outcome"] is not None for s in scores])
         for score, adv in zip(scores, advantages.tolist()):
             score["advantage"] = adv
         # 4. update on the informative groups
@@ -138,7 +146,7 @@ def train_round(
                                temperature=rollout.temperature, pad_id=tokenizer.eos_token_id, generator=generator,
                                max_tokens=rollout.max_total_tokens) if kept else {}
         # 5. log
-        metrics = {**rollout_metrics(records, scores), **update, "rollout/zero_variance_frac": 1.0 - float(keep.float().mean()),
+        metrics = {**rollout_metrics(records, scores), **tier_metrics(step_stats, disagreements), **update, "rollout/zero_variance_frac": 1.0 - float(keep.float().mean()),
                    "perf/generate_s": generate_s, "perf/step_s": time.perf_counter() - start}
         result.rollouts += records
         result.rewards += scores

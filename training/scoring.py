@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+from environments import TOOLS_BY_FAMILY
 from training.rollout import Episode
 from training.sequences import policy_spans
-from verifiers.rewards import RewardWeights, compute_reward
+from verifiers.cascade import Cascade, TierStats, tier_metrics
+from verifiers.protocol import is_well_formed
+from verifiers.shaping import Candidate
 
 
 def episode_record(episode: Episode, *, round_index: int, step: int, policy_version: str, tokenizer) -> dict:
@@ -35,21 +38,86 @@ def episode_record(episode: Episode, *, round_index: int, step: int, policy_vers
     }
 
 
-def score_record(record: dict, task: dict, tokenizer, weights: RewardWeights) -> dict:
-    """One row of `verified_rewards`: the total and each component, for audit."""
-    turns = [tokenizer.decode(span) for span in policy_spans(list(record["completion_ids"]), list(record["tool_mask"]))]
-    r = compute_reward(task["family"], turns, int(record["num_tool_calls"]), str(task["answer"]), weights)
-    return {
-        "trajectory_id": record["trajectory_id"],
-        "task_id": record["task_id"],
-        "group_id": record["group_id"],
-        "level": int(record["level"]),
-        "round": int(record["round"]),
-        "step": int(record["step"]),
-        "reward": r.reward,
-        "outcome": r.outcome,
-        "well_formed": r.well_formed,
-        "tool_penalty": r.tool_penalty,
-        "num_tool_calls": int(record["num_tool_calls"]),
-        "details": json.dumps(r.details),
-    }
+def candidate_of(record: dict, tokenizer) -> Candidate:
+    """The policy's own text of a stored trajectory (tool_mask == 1 spans only): observations
+    are never shown to a verifier, so a tool cannot inject an answer."""
+    ids, mask = list(record["completion_ids"]), list(record["tool_mask"])
+    turns = [tokenizer.decode(span) for span in policy_spans(ids, mask)]
+    return Candidate(turns, num_policy_tokens=int(sum(mask)), tools=TOOLS_BY_FAMILY.get(str(record["family"]), ()))
+
+
+def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, cascade: Cascade) -> list[dict]:
+    """Rows of `verified_rewards`: the total, each component, the deciding tier and why."""
+    items = [(candidate_of(r, tokenizer), tasks_by_id[r["task_id"]]) for r in records]
+    breakdowns = cascade.score_many(items, keys=[r["trajectory_id"] for r in records])
+    rows = []
+    for record, (candidate, _), b in zip(records, items, breakdowns):
+        rows.append({
+            "trajectory_id": record["trajectory_id"],
+            "task_id": record["task_id"],
+            "group_id": record["group_id"],
+            "family": record["family"],
+            "level": int(record["level"]),
+            "round": int(record["round"]),
+            "step": int(record["step"]),
+            "reward": b.reward,
+            "outcome": b.outcome,
+            **{f"reward_{name}": value for name, value in b.components.items()},
+            "well_formed": float(is_well_formed(candidate.policy_turns, candidate.tools)),
+            "num_tool_calls": int(record["num_tool_calls"]),
+            "policy_tokens": candidate.num_policy_tokens,
+            "tier": b.tier,
+            "details": json.dumps(b.details),
+        })
+    return rows
+
+
+def reward_summary(rows: list[dict], tier_stats: dict[str, TierStats], disagreements: int) -> dict[str, float]:
+    """What `verified_rewards` reports in Dagster and MLflow: each component's mean, the
+    unscorable count, and per-tier calls, pass rate and latency."""
+    n = max(len(rows), 1)
+    out = {"reward/mean": sum(r["reward"] for r in rows) / n,
+           "reward/outcome/pass_rate": sum(r["outcome"] or 0.0 for r in rows) / n,
+           "reward/unscorable": float(sum(r["outcome"] is None for r in rows))}
+    for key in (rows[0] if rows else {}):
+        if key.startswith("reward_"):
+            out[f"reward/{key[len('reward_'):]}/mean"] = sum(r[key] for r in rows) / n
+    return {**out, **tier_metrics(tier_stats, disagreements)}
+
+
+def tier_table(tier_stats: dict[str, TierStats]) -> str:
+    """Markdown: where verification time went."""
+    lines = ["| tier | calls | pass rate | unscorable | mean latency (ms) | total (s) |", "|---|---:|---:|---:|---:|---:|"]
+    for tier, s in tier_stats.items():
+        rate = f"{s.passed / s.calls:.3f}" if s.calls else "-"
+        latency = f"{1000 * s.seconds / s.calls:.3f}" if s.calls else "-"
+        lines.append(f"| {tier} | {s.calls} | {rate} | {s.unscorable} | {latency} | {s.seconds:.2f} |")
+    return "\n".join(lines)
+
+
+def _outcome(value) -> float | None:
+    """Stored outcomes come back from Parquet as NaN where they were None."""
+    return None if value is None or value != value else float(value)
+
+
+def disagreements(baseline: list[dict], audited: list[dict], records: list[dict], tokenizer) -> list[dict]:
+    """Trajectories whose outcome differs between two scorings of the same rollouts.
+    `training_only`: rewarded (more) by the baseline than by the audit — the signature of reward
+    hacking when the audit is the stricter verifier."""
+    by_id = {r["trajectory_id"]: r for r in records}
+    rows = []
+    for old, new in zip(baseline, audited):
+        if old["trajectory_id"] != new["trajectory_id"]:
+            raise ValueError(f"audit rows out of order: {old['trajectory_id']!r} vs {new['trajectory_id']!r}")
+        a, b = _outcome(old["outcome"]), _outcome(new["outcome"])
+        if a == b:
+            continue
+        if a is None or b is None:
+            kind = "scorability"
+        else:
+            kind = "training_only" if a > b else "audit_only"
+        record = by_id[old["trajectory_id"]]
+        rows.append({"trajectory_id": old["trajectory_id"], "task_id": old["task_id"], "kind": kind,
+                     "baseline_outcome": a, "audit_outcome": b, "baseline_reward": float(old["reward"]), "audit_reward": float(new["reward"]),
+                     "audit_details": new["details"], "completion": tokenizer.decode(list(record["completion_ids"]))})
+    return rows

@@ -48,6 +48,8 @@ class DockerSandbox:
                 memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.max_processes,
                 read_only=True, tmpfs={"/tmp": "size=16m"}, user="65534:65534",
                 working_dir="/tmp", cpu_period=100_000, cpu_quota=100_000,
+                # no capabilities, no setuid escalation; Docker's default seccomp profile applies
+                cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 ulimits=[ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
                          ulimit(name="fsize", soft=lim.max_file_mb * mb, hard=lim.max_file_mb * mb),
                          ulimit(name="nofile", soft=64, hard=64), ulimit(name="core", soft=0, hard=0)])

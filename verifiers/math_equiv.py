@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 _MAX_CHARS = 64  # a numeric answer longer than this is not an answer; refuse to parse it
+_MAX_EXPONENT = 1000  # decimal exponent bound: no answer here needs more, and it keeps parsing O(1)
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -21,13 +22,15 @@ def parse_number(text: str) -> Fraction | None:
         return None
     try:
         if "/" in s:
-            num, den = s.split("/", 1)
-            return Fraction(Decimal(num)) / Fraction(Decimal(den))
+            if s.count("/") != 1:
+                return None
+            num, den = (parse_number(part) for part in s.split("/"))
+            return None if num is None or den is None or den == 0 else num / den
         value = Decimal(s)
     except (InvalidOperation, ValueError, ZeroDivisionError):
         return None
-    if not value.is_finite():
-        return None
+    if not value.is_finite() or abs(value.adjusted()) > _MAX_EXPONENT:
+        return None  # "1e9999999" would build a ten-million-digit integer: refuse, don't hang
     return Fraction(value)
 
 

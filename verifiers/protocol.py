@@ -18,6 +18,11 @@ OBS_OPEN, OBS_CLOSE = "<interpreter>", "</interpreter>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 TAGS = (CODE_OPEN, CODE_CLOSE, OBS_OPEN, OBS_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 
+# Tool name -> its call tags. A tag-shaped block with any other name is a call to a tool that
+# does not exist (penalized by the `tool_misuse` shaping term). Families add tools here.
+TOOL_TAGS = {"code": (CODE_OPEN, CODE_CLOSE)}
+_NOT_CALLS = {"answer", "think", "interpreter", "information"}  # answers, reasoning, observations
+
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.DOTALL)
 
@@ -32,15 +37,30 @@ def extract_code_calls(policy_text: str) -> list[str]:
     return _CODE_RE.findall(policy_text)
 
 
-def is_well_formed(policy_turns: list[str]) -> bool:
-    """Each turn but the last is exactly one `<code>…</code>` call; the last turn is exactly one
-    `<answer>…</answer>` and nothing after it. Text outside tags is allowed (reasoning)."""
+_CALL_RE = re.compile(r"<([a-z_]{1,32})>(.*?)</\1>", re.DOTALL)
+
+
+def parse_tool_calls(policy_text: str) -> list[tuple[str, str]]:
+    """Every `<name>body</name>` block the policy wrote that is not an answer, reasoning or an
+    observation tag, as (name, body), in order. Known or not: the caller decides."""
+    return [(name, body) for name, body in _CALL_RE.findall(policy_text) if name not in _NOT_CALLS]
+
+
+def is_well_formed(policy_turns: list[str], tools: tuple[str, ...] = ("code",)) -> bool:
+    """Each turn but the last is exactly one call to an available tool, ending with its closing
+    tag; the last turn is exactly one `<answer>…</answer>` and nothing after it. Text outside
+    tags is allowed (reasoning)."""
     if not policy_turns:
         return False
     *calls, final = policy_turns
     for turn in calls:
-        if turn.count(CODE_OPEN) != 1 or not turn.rstrip().endswith(CODE_CLOSE) or ANSWER_OPEN in turn:
+        found = parse_tool_calls(turn)
+        if len(found) != 1 or found[0][0] not in tools or ANSWER_OPEN in turn:
             return False
-    if final.count(ANSWER_OPEN) != 1 or final.count(ANSWER_CLOSE) != 1 or CODE_OPEN in final:
+        if not turn.rstrip().endswith(TOOL_TAGS[found[0][0]][1]):
+            return False
+    if final.count(ANSWER_OPEN) != 1 or final.count(ANSWER_CLOSE) != 1 or parse_tool_calls(final):
+        return False
+    if any(open_tag in final for open_tag, _ in TOOL_TAGS.values()):
         return False
     return final.rstrip().endswith(ANSWER_CLOSE)

@@ -4,12 +4,13 @@ Two backends share one interface (:class:`Sandbox`):
 
 * :class:`BubblewrapSandbox` -- the local, fast path. A small pool of long-lived
   worker processes runs inside bubblewrap (no network, private PID/IPC/UTS
-  namespaces, read-only host filesystem, private /tmp). Per call a worker forks
-  a child into a fresh scratch dir, which applies rlimits, drops to an unprivileged
-  uid and ``exec``s the code. Forking a warm interpreter costs a few ms, whereas
-  a fresh ``bwrap`` + interpreter per call costs ~20 ms -- too slow for RL
-  rollouts issuing hundreds of tool calls per step. The worker itself never runs
-  untrusted code, so every call starts from the same clean state.
+  namespaces, read-only host filesystem, private /tmp, a fixed environment, a
+  seccomp filter). Per call a worker forks a child into a fresh scratch dir, which
+  applies rlimits, drops to an unprivileged uid and ``exec``s the code. Forking a
+  warm interpreter costs a few ms, whereas a fresh ``bwrap`` + interpreter per call
+  costs ~20 ms -- too slow for RL rollouts issuing hundreds of tool calls per step.
+  The worker itself never runs untrusted code, so every call starts from the same
+  clean state.
 * :class:`DockerSandbox` -- one throwaway container per call, for hosts with a
   Docker engine (slower, but the isolation boundary is a container).
 
@@ -21,6 +22,7 @@ so worker code is ordinary, testable Python. Hence: standard library only.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import linecache
 import math
@@ -57,6 +59,10 @@ _SETUP_EXIT, _SETUP_MARKER = 121, "sandbox setup failed"
 # Same path on every call (reproducible for the policy); each worker has its own
 # private /tmp, and the directory is wiped after every call.
 SCRATCH_DIR = "/tmp/scratch"
+# The whole environment of bwrap, the workers and the code: nothing from the host's
+# (API keys, tokens, paths), whatever the training process has in os.environ.
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": SCRATCH_DIR,
+               "TMPDIR": SCRATCH_DIR, "PWD": SCRATCH_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
 _MAX_FRAME = 64 * 1024 * 1024
 
 
@@ -166,6 +172,80 @@ def _read_frame(fd: int, deadline: float | None = None) -> dict:
     return json.loads(_read_exact(fd, size, deadline))
 
 
+# --- seccomp: the syscalls the code is refused ---------------------------------
+# Syscalls the filter fails with EPERM, as (x86_64, aarch64) numbers. Most already need a
+# capability the code lacks; the filter is for what the kernel lets anyone do: create a
+# user namespace (with every capability inside it), keep IPC objects and keys after exit.
+_DENIED_SYSCALLS = {
+    # namespaces: a new user namespace would open up the kernel's root-only interfaces
+    "unshare": (272, 97), "setns": (308, 268),
+    # mounts: could unmask hidden paths (also covered by having no CAP_SYS_ADMIN)
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "mount_setattr": (442, 442), "open_tree_attr": (467, 467),
+    # state that outlives the call (per IPC namespace or per uid, both shared by the
+    # worker's later calls) and is not bounded by RLIMIT_AS: SysV IPC, queues, keyrings
+    "shmget": (29, 194), "semget": (64, 190), "msgget": (68, 186), "mq_open": (240, 180),
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219),
+    # kernel attack surface no Python program here needs
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+}
+_CLONE_NR = {"x86_64": 56, "aarch64": 220}  # allowed unless it asks for new namespaces
+_CLONE3_NR = 435  # its flags sit behind a pointer BPF cannot read: ENOSYS, libc falls back to clone
+_CLONE_NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+
+
+def _seccomp_program(machine: str) -> bytes | None:
+    """Classic-BPF seccomp filter (struct sock_filter[]) for `machine`, None if not tabled.
+
+    Reads struct seccomp_data: nr at offset 0, arch at 4, the low half of args[0] at 16.
+    Another ABI on the same CPU (i386, x32) has other syscall numbers: such calls kill.
+    """
+    if machine not in _AUDIT_ARCH:
+        return None
+    column = 0 if machine == "x86_64" else 1
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|..|K, BPF_RET
+    # (opcode, k, jump-if-true label, jump-if-false label); None = next instruction
+    code = [(ld, 4, None, None), (jeq, _AUDIT_ARCH[machine], None, "kill"), (ld, 0, None, None)]
+    if machine == "x86_64":
+        code.append((jge, 0x4000_0000, "kill", None))  # __X32_SYSCALL_BIT
+    code.append((jeq, _CLONE3_NR, "enosys", None))
+    denied = sorted({numbers[column] for numbers in _DENIED_SYSCALLS.values()})
+    code += [(jeq, nr, "eperm", None) for nr in denied]
+    code += [(jeq, _CLONE_NR[machine], None, "allow"), (ld, 16, None, None),
+             (jset, _CLONE_NEW_NAMESPACES, "eperm", "allow")]
+    labels = {}
+    for label, action in (("allow", 0x7FFF_0000), ("eperm", 0x0005_0000 | errno.EPERM),
+                          ("enosys", 0x0005_0000 | errno.ENOSYS), ("kill", 0x8000_0000)):
+        labels[label] = len(code)  # SECCOMP_RET_ALLOW, _ERRNO | errno, _KILL_PROCESS
+        code.append((ret, action, None, None))
+    out = b""
+    for i, (op, k, jt, jf) in enumerate(code):
+        jumps = [0 if t is None else labels[t] - i - 1 for t in (jt, jf)]
+        out += struct.pack("=HBBI", op, *jumps, k)
+    return out
+
+
+def _install_seccomp() -> None:
+    """Filter this process and every process it forks from now on (kept across exec)."""
+    import ctypes
+    program = _seccomp_program(os.uname().machine)
+    if program is None:
+        return  # no syscall table for this CPU: the other layers still apply (docs/sandbox.md)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))  # struct sock_fprog
+    fprog_buf = ctypes.create_string_buffer(fprog, len(fprog))
+    # PR_SET_NO_NEW_PRIVS (38; also: setuid/file-cap binaries grant nothing), then
+    # PR_SET_SECCOMP (22) with SECCOMP_MODE_FILTER (2). Both tabled CPUs are 64-bit.
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.addressof(fprog_buf), 0, 0):
+        raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
+
+
 # --- worker side: runs inside bubblewrap, as root with only _WORKER_CAPS -------
 
 def _worker_main(cfg: dict) -> None:
@@ -204,8 +284,9 @@ def _prepare_for_children() -> None:
     # PR_SET_CHILD_SUBREAPER: orphans of the code are reparented to us, so we
     # can reap them (resetting the uid's process count) before the next call.
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+    _install_seccomp()  # once, inherited by every child; the worker needs none of them either
     builtins.exit = builtins.quit = sys.exit  # -S skips `site`, which defines these
-    os.environ.update(HOME=SCRATCH_DIR, TMPDIR=SCRATCH_DIR, PWD=SCRATCH_DIR)
+    os.environ["PWD"] = SCRATCH_DIR  # bwrap sets PWD; the rest is SANDBOX_ENV as given
     sys.argv = [""]
     # Children dup2 their memfds onto fds 0-2, so these objects then read/write
     # the call's stdin/stdout/stderr. Line buffering keeps output of killed code.
@@ -375,10 +456,9 @@ class _Worker:
     def start(self, startup_timeout_s: float = 15.0) -> None:
         self.stderr_log.seek(0)
         self.stderr_log.truncate()
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # no host secrets
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self.stderr_log, env=env, bufsize=0)
+                                         stderr=self.stderr_log, env=dict(SANDBOX_ENV), bufsize=0)
             _read_frame(self.proc.stdout.fileno(), time.monotonic() + startup_timeout_s)
         except (OSError, EOFError, TimeoutError, ValueError) as exc:
             self.kill()
@@ -436,6 +516,7 @@ class BubblewrapSandbox:
             raise RuntimeError(f"bubblewrap binary {bwrap_path or 'bwrap'!r} not found or not "
                                "executable; install bubblewrap or use make_sandbox('docker', ...)")
         self.limits = limits or SandboxLimits()
+        self.uids = tuple(range(uid_base, uid_base + pool_size))  # the code runs as one of these
         with open(__file__, encoding="utf-8") as fh:
             source = fh.read()
         self._workers = [_Worker(self._argv(binary, source, uid_base + i, hidden_paths))

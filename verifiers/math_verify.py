@@ -1,0 +1,297 @@
+"""Math answer equivalence: exact numbers first, then a safe symbolic comparison.
+
+    "18,026" = "1.8026e4" = "1.8026×10^4" = "36052/2"    exact rationals (`Fraction`), no sympy
+    "2*sqrt(2)" = "sqrt(8)",  "x+1" = "1+x",  "pi/2"       sympy, on a whitelisted grammar
+
+This is a reward the policy is optimised against, so text never reaches sympy's `parse_expr`
+(it calls `eval`). A strict character set, Python's `ast.parse` (it parses, never evaluates) and
+an allow-list walk build a tuple tree, refusing whatever could be slow to evaluate (an exponent
+that is not a number of at most 1000, a power inside a power, an exact power over 40,000 bits,
+too many nodes) before any sympy object exists. exp/sin/cos/tan are left out: at a huge argument
+(exp(exp(exp(100)))) they take seconds to forever to evaluate. Expressions are compared
+structurally, then by value at fixed points (polynomial identity testing, Schwartz–Zippel),
+never with `simplify`, whose running time has no bound.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+import re
+import unicodedata
+from fractions import Fraction
+from functools import lru_cache, reduce
+
+from verifiers.base import Task, Verdict, register
+from verifiers.math_equiv import numeric_match, parse_number
+
+MAX_CHARS = 64  # a final answer longer than this is not an answer (same bound as math_equiv)
+_MAX_GOLD_CHARS = 256  # gold answers are trusted data and may be longer expressions
+_MAX_NODES, _MAX_EXPONENT = 100, 1000  # 10^1000 is cheap to evaluate; 10^10^10 is not
+_MAX_POWER_BITS = 40_000  # an exact power's size: 99999999999^1000 is 36,500 bits; 7e837^1000 takes 0.2 s
+_FUNCTIONS = ("sqrt", "log", "ln")  # natural log, either name
+_CONSTANTS = ("pi", "e")
+_VARIABLES = "abcknxyz"  # not m/s/h/t...: those letters are units more often than unknowns
+_EVAL_FLOOR = 1e-20  # values are evaluated to 30 digits: a smaller difference (relative, or near 0) is rounding
+_rng = random.Random(1729)  # fixed points: a verdict must not depend on the run
+_POINTS = [{v: _rng.uniform(0.5, 2.5) for v in _VARIABLES} for _ in range(3)]
+
+_FOLDS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": "*", "\u00b7": "*", "\u22c5": "*", "\u00f7": "/",
+                        "\u03c0": "pi"})
+_THOUSANDS = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
+_UNIT_SYMBOLS = str.maketrans("", "", "$€£¥%°")
+_UNIT_TAIL = re.compile(r"(?<=[0-9)\s])\s*([a-zμ][a-zμ/^0-9.\s]*)$")  # "12 m/s", "5 apples", "9.8 m/s^2" (NFKC µ is μ)
+_WORD = re.compile(r"[a-zμ]+")
+_NUM = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[-+]?[0-9]{1,3})?"  # exponent capped: Fraction("1e9999999") takes seconds
+_PLAIN_NUMBER = re.compile(rf"[-+]?{_NUM}(?:/[-+]?{_NUM})?")
+_CHARSET = re.compile(r"[0-9a-z+\-*/^().]+")  # no quotes, _, [], {}, commas, colons, =, whitespace
+_IMPLICIT = re.compile(r"(?<=[0-9)])(?=[a-z(])(?!e[-+]?[0-9])")  # "2x" "2(x+1)" "(a)(b)", but not "2e3"
+_NAME_THEN_PAREN = re.compile(r"([a-z]+)\(")  # "x(x+1)" is a product unless the name is a function
+_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "^"}
+
+
+def _is_math_word(word: str) -> bool:
+    """A function, a constant, or a run of one-letter names ("xy" is x*y, "ex" is e*x)."""
+    return word in _FUNCTIONS or word in _CONSTANTS or all(c in _VARIABLES or c == "e" for c in word)
+
+
+def normalize(text: str, strip_units: bool = False) -> str:
+    """NFKC (fullwidth digits), one minus and one times sign, no whitespace, no thousands commas;
+    with `strip_units`, no currency/percent/degree signs and no trailing unit words."""
+    s = unicodedata.normalize("NFKC", text).lower().translate(_FOLDS).strip()
+    if strip_units:
+        s = s.translate(_UNIT_SYMBOLS)
+        tail = _UNIT_TAIL.search(s)
+        for word in _WORD.finditer(tail.group(1)) if tail else ():
+            if not _is_math_word(word.group()):  # "2 x cm" keeps the x: cut at the first non-math word
+                s = s[: tail.start(1) + word.start()]
+                break
+    s = "".join(s.split()).replace("**", "^")
+    return _THOUSANDS.sub("", s) if "," in s else s
+
+
+_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "^": operator.pow}
+
+
+def rational_value(tree: tuple) -> Fraction | None:
+    """The exact value of a tree of numbers, + - * / and integer powers; None otherwise."""
+    kind = tree[0]
+    if kind == "num":
+        return tree[1]
+    if kind == "neg":
+        return None if (inner := rational_value(tree[1])) is None else -inner
+    if kind not in _ARITHMETIC:
+        return None
+    left, right = rational_value(tree[1]), rational_value(tree[2])
+    if left is None or right is None or (kind == "^" and right.denominator != 1):
+        return None
+    try:
+        return _ARITHMETIC[kind](left, int(right) if kind == "^" else right)
+    except ZeroDivisionError:
+        return None
+
+
+def parse_expression(text: str, max_chars: int = MAX_CHARS) -> tuple:
+    """A normalized answer -> a tuple tree, e.g. ("+", ("name", "x"), ("num", Fraction(1))).
+    Raises ValueError(reason) for anything outside the grammar or too costly to evaluate.
+
+    `ast.parse` only parses (it never evaluates); the walk below accepts numbers, allow-listed
+    names, + - * / ^, unary minus and the allow-listed functions, and nothing else."""
+    if len(text) > max_chars:  # also bounds the nesting depth of parentheses
+        raise ValueError(f"{len(text)} chars > {max_chars}")
+    if not _CHARSET.fullmatch(text):
+        raise ValueError("characters outside 0-9 a-z + - * / ^ ( ) .")
+    s = _IMPLICIT.sub("*", text)
+    s = _NAME_THEN_PAREN.sub(lambda m: m[0] if m[1] in _FUNCTIONS else m[1] + "*(", s).replace("^", "**")
+    try:
+        body = ast.parse(s, mode="eval").body
+    except SyntaxError:
+        raise ValueError("not an expression") from None
+    if sum(1 for _ in ast.walk(body)) > _MAX_NODES:
+        raise ValueError(f"more than {_MAX_NODES} nodes")
+    return _tree(body, s)
+
+
+def _tree(node: ast.AST, source: str) -> tuple:
+    if isinstance(node, ast.Constant):
+        literal = source[node.col_offset:node.end_col_offset]  # the text, not Python's float: 0.1 stays 1/10
+        if not _PLAIN_NUMBER.fullmatch(literal):  # 0x10, 1j, 1e99999 (Fraction would build a 99999-digit int)
+            raise ValueError(f"number {literal!r} not allowed")
+        return ("num", Fraction(literal))
+    if isinstance(node, ast.Name):
+        if not _is_math_word(node.id) or node.id in _FUNCTIONS:
+            raise ValueError(f"unknown name {node.id!r}")
+        if node.id in _CONSTANTS:
+            return ("name", node.id)
+        return reduce(lambda a, b: ("*", a, b), [("name", c) for c in node.id])  # "xy" is x*y
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _tree(node.operand, source)
+        return ("neg", inner) if isinstance(node.op, ast.USub) else inner
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        op, left, right = _OPERATORS[type(node.op)], _tree(node.left, source), _tree(node.right, source)
+        if op == "^":  # 9^9^9^9 and 10^10^10 would take forever to evaluate: refuse them here
+            if _has_power(left) or _has_power(right):
+                raise ValueError("nested power")
+            if (value := rational_value(right)) is None or abs(value) > _MAX_EXPONENT:
+                raise ValueError(f"exponent must be a number of at most {_MAX_EXPONENT}")
+            if max(_literal_bits(left), 1) * abs(value) > _MAX_POWER_BITS:  # sympy expands (7e837x)^1000 exactly
+                raise ValueError(f"power larger than {_MAX_POWER_BITS} bits")
+        return (op, left, right)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
+            and len(node.args) == 1 and not node.keywords):
+        return ("call", node.func.id, _tree(node.args[0], source))
+    raise ValueError(f"{type(node).__name__} not allowed")
+
+
+def _has_power(tree: tuple) -> bool:
+    return tree[0] == "^" or any(isinstance(t, tuple) and _has_power(t) for t in tree[1:])
+
+
+def _literal_bits(tree: tuple) -> int:
+    """An upper bound on the size of any number the tree's value can hold (it has no powers)."""
+    if tree[0] == "num":
+        return max(tree[1].numerator.bit_length(), tree[1].denominator.bit_length())
+    return sum(_literal_bits(t) for t in tree[1:] if isinstance(t, tuple))
+
+
+def _parse_answer(text: str, strip_units: bool, symbolic: bool, max_chars: int = MAX_CHARS) -> Fraction | tuple:
+    """An exact number, or (when `symbolic`) an expression tree. Raises ValueError(reason)."""
+    if not text.strip():
+        raise ValueError("empty")
+    if len(text.strip()) > max_chars:
+        raise ValueError(f"too long: {len(text.strip())} chars > {max_chars}")
+    s = normalize(text, strip_units)
+    if _PLAIN_NUMBER.fullmatch(s) and (value := parse_number(s)) is not None:  # the fast path
+        return value
+    try:
+        tree = parse_expression(s, max_chars)
+    except ValueError as exc:
+        raise ValueError(f"unparseable: {exc}") from None
+    value = rational_value(tree)
+    if value is not None:
+        return value
+    if not symbolic:
+        raise ValueError("not a rational number (symbolic=False)")
+    return tree
+
+
+@lru_cache(maxsize=4096)  # a group of samples shares one gold answer: parse it once
+def _gold_answer(text: str, strip_units: bool, symbolic: bool) -> Fraction | tuple:
+    return _parse_answer(text, strip_units, symbolic, _MAX_GOLD_CHARS)
+
+
+def _close(pred, gold, rel_tol, abs_tol) -> bool:
+    """Relative OR absolute tolerance: exact for Fractions (given Fraction tolerances), and for
+    sympy numbers, complex ones included."""
+    return bool(abs(pred - gold) <= max(rel_tol * abs(gold), abs_tol))
+
+
+def _to_sympy(tree: tuple):
+    import sympy  # lazy: the numeric fast path and the precheck never need it
+
+    kind = tree[0]
+    if kind == "num":
+        return sympy.Rational(tree[1].numerator, tree[1].denominator)
+    if kind == "name":
+        return {"pi": sympy.pi, "e": sympy.E}[tree[1]] if tree[1] in _CONSTANTS else sympy.Symbol(tree[1])
+    if kind == "call":
+        return {"sqrt": sympy.sqrt, "log": sympy.log, "ln": sympy.log}[tree[1]](_to_sympy(tree[2]))
+    if kind == "neg":
+        return -_to_sympy(tree[1])
+    return _ARITHMETIC[kind](_to_sympy(tree[1]), _to_sympy(tree[2]))
+
+
+def _values(expr) -> list | None:
+    """The value at each fixed point (one point if no free symbols); None if any is not finite."""
+    points = _POINTS if expr.free_symbols else _POINTS[:1]
+    values = [expr.evalf(30, subs={s: p[s.name] for s in expr.free_symbols}) for p in points]
+    return values if all(v.is_number and v.is_finite for v in values) else None
+
+
+@lru_cache(maxsize=4096)
+def _gold_expression(tree: tuple):
+    expr = _to_sympy(tree)
+    return expr, _values(expr)
+
+
+def _symbolic_verdict(pred: Fraction | tuple, gold: Fraction | tuple, rel_tol: float, abs_tol: float,
+                      texts: tuple[str, str]) -> Verdict:
+    gold_expr, gold_values = _gold_expression(gold if isinstance(gold, tuple) else ("num", gold))
+    if gold_values is None:
+        return Verdict(None, f"gold is not finite: {_show(texts[1])}")
+    try:
+        pred_expr = _to_sympy(pred if isinstance(pred, tuple) else ("num", pred))
+        if pred_expr == gold_expr:
+            return Verdict(1.0, _detail("symbolic", True, texts))
+        pred_values = _values(pred_expr)
+    except Exception as exc:  # noqa: BLE001 — a prediction that breaks sympy earns 0; "unscorable" is for golds
+        return Verdict(0.0, f"prediction not evaluable ({type(exc).__name__}): {_show(texts[0])}")
+    if pred_values is None:
+        return Verdict(0.0, f"prediction is not finite: {_show(texts[0])}")
+    rel, tol = max(rel_tol, _EVAL_FLOOR), max(abs_tol, _EVAL_FLOOR)
+    ok = all(p == g or _close(p, g, rel, tol) for p, g in zip(pred_values, gold_values))
+    return Verdict(float(ok), _detail("symbolic, by value", ok, texts))
+
+
+def _show(text: str) -> str:
+    return " ".join(text.split())[:40]  # details are for audit: short, one line
+
+
+def _detail(how: str, ok: bool, texts: tuple[str, str]) -> str:
+    return f"{how}: {_show(texts[0])} {'==' if ok else '!='} {_show(texts[1])}"
+
+
+def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
+                  strip_units: bool = False, symbolic: bool = True) -> str | None:
+    """Why the fast tier can reject `prediction` unverified (empty, too long, outside the grammar)."""
+    try:
+        _parse_answer(prediction, strip_units, symbolic)
+    except ValueError as exc:
+        return f"prediction {exc}"
+    return None
+
+
+def gold_is_parseable(task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
+                      strip_units: bool = False, symbolic: bool = True) -> str | None:
+    try:
+        _gold_answer(str(task["answer"]), strip_units, symbolic)
+    except ValueError as exc:
+        return f"gold {exc}"
+    return None
+
+
+@register("math", precheck=math_precheck, task_check=gold_is_parseable)
+def math_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
+                  strip_units: bool = False, symbolic: bool = True) -> Verdict:
+    """1.0 if equivalent within rel_tol OR abs_tol, 0.0 if not or unparseable, None if the gold is."""
+    gold_text = str(task["answer"])
+    try:
+        gold = _gold_answer(gold_text, strip_units, symbolic)
+    except ValueError as exc:
+        return Verdict(None, f"gold {exc}")
+    try:
+        pred = _parse_answer(prediction, strip_units, symbolic)
+    except ValueError as exc:
+        return Verdict(0.0, f"prediction {exc}")
+    if isinstance(pred, Fraction) and isinstance(gold, Fraction):  # exact rationals: no sympy at all
+        ok = pred == gold or _close(pred, gold, Fraction(rel_tol), Fraction(abs_tol))
+        return Verdict(float(ok), _detail("numeric", ok, (prediction, gold_text)))
+    return _symbolic_verdict(pred, gold, rel_tol, abs_tol, (prediction, gold_text))
+
+
+def numeric_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6) -> str | None:
+    return None if parse_number(prediction) is not None else f"prediction not a number: {_show(prediction)!r}"
+
+
+def _numeric_task_check(task: Task, *, rel_tol: float = 1e-6) -> str | None:
+    gold = str(task["answer"])
+    return None if parse_number(gold) is not None else f"gold not a number: {_show(gold)!r}"
+
+
+@register("numeric", precheck=numeric_precheck, task_check=_numeric_task_check)
+def numeric_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6) -> Verdict:
+    """The original exact-rational check (math_equiv.numeric_match), selectable by name."""
+    gold = str(task["answer"])
+    score = numeric_match(prediction, gold, rel_tol)
+    return Verdict(score, f"numeric: {_show(prediction)} vs {_show(gold)}" if score is not None else f"gold not a number: {_show(gold)!r}")
