@@ -9,21 +9,25 @@ from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.rl import rl_rounds
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHALLENGER, CHAMPION, MLflowTracker
-from environments.tools import CodeInterpreter
+from environments.families import build_tools
+from environments.search import kb_from_rows
 from training.evaluate import evaluate_policy, promotion_decision, summarize
 from verifiers.cascade import Cascade
 
 
 def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                         tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, stage: str, asset_name: str) -> Output[dict]:
+                         tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, knowledge_base: pd.DataFrame, stage: str,
+                         asset_name: str) -> Output[dict]:
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, pointer, cfg.model.dtype)
     bench = cfg.benchmark
     task_rows = records(tasks)
+    kb = kb_from_rows(records(knowledge_base))
     with sandbox.open() as box:
-        tool, cascade = CodeInterpreter(box), Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
-        common = dict(tool=tool, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
+        tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
+        cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
+        common = dict(tools=tools, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
         sampled = evaluate_policy(model, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
         greedy = evaluate_policy(model, tok, task_rows, samples_per_task=1, greedy=True, **common)
     summary = summarize(sampled, bench.confidence)
@@ -44,7 +48,9 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
         png = pass_at_1_by_version(tracker)
         tracker.log_png(run_id, png, "pass_at_1_by_version.png")
     context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}")
-    level_table = pd.DataFrame([{"level": k.split("/")[0], "metric": k.split("/")[1], "value": v} for k, v in summary.items() if k.startswith("level_")])
+    level_table = pd.DataFrame([{"family_level": f"{k.split('/')[0]} {k.split('/')[1]}", "metric": k.split("/")[2], "value": v}
+                                for k, v in summary.items() if k.count("/") == 2])
+    families = sorted({k.split("/")[0] for k in summary if k.count("/") == 1 and k.endswith("/pass_at_1")})
     return Output(
         {"stage": stage, "version": str(version.version), "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), **summary, **decision},
         metadata={
@@ -52,7 +58,10 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
             "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],
             "model_version": version.version, "alias": CHAMPION if decision["promote"] else CHALLENGER, "mlflow_run_id": run_id,
             "diff_vs_champion": MetadataValue.json({k: float(v) for k, v in decision.items()}),
-            "by_level": MetadataValue.md(level_table.pivot(index="level", columns="metric", values="value").to_markdown()),
+            **{f"{f}_pass_at_1": summary[f"{f}/pass_at_1"] for f in families},
+            "by_family": MetadataValue.md(pd.DataFrame({f: {m: summary[f"{f}/{m}"] for m in ("pass_at_1", "pass_at_1_ci_low", "pass_at_1_ci_high", "tool_call_rate")}
+                                                        for f in families}).T.to_markdown()),
+            "by_level": MetadataValue.md(level_table.pivot(index="family_level", columns="metric", values="value").to_markdown()),
             "pass_at_1_by_version": markdown_image(png, "pass@1 by version"),
         },
     )
@@ -73,13 +82,13 @@ def pass_at_1_by_version(tracker: MLflowTracker) -> bytes:
 
 @asset(group_name="benchmark", description="SFT checkpoint on the held-out benchmark; registered as a model version.")
 def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                         tracker: MLflowTracker, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame) -> Output[dict]:
+                         tracker: MLflowTracker, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
     return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=sft_checkpoint,
-                                tasks=benchmark_tasks, stage="sft", asset_name="sft_benchmark_scores")
+                                tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="sft", asset_name="sft_benchmark_scores")
 
 
 @asset(group_name="benchmark", partitions_def=rl_rounds, description="A round's RL checkpoint on the held-out benchmark; promotion gate.")
 def benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                     tracker: MLflowTracker, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame) -> Output[dict]:
+                     tracker: MLflowTracker, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
     return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=rl_checkpoint,
-                                tasks=benchmark_tasks, stage="rl", asset_name="benchmark_scores")
+                                tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="rl", asset_name="benchmark_scores")

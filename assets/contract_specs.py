@@ -88,6 +88,13 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
         _Col("completion", "str"),
         _Col("correct", "bool"),
     ),
+    "knowledge_base": (
+        _Col("name", "str", unique=True, nonblank=True),
+        _Col("type", "str", value_set=("person", "company", "city", "country")),
+        _Col("relations", "str", json=True),
+        _Col("doc_id", "str"),
+        _Col("text", "str"),
+    ),
     "rollout_batches": (
         *_COMMON_TRAJECTORY_HEAD,
         _Col("group_id", "str"),
@@ -108,7 +115,7 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
 }
 
 # Contracts whose column set must match exactly (no extra columns allowed).
-_EXACT_COLUMNS = frozenset({"tasks"})
+_EXACT_COLUMNS = frozenset({"tasks", "knowledge_base"})
 # Column combinations that must be unique together.
 _COMPOUND_UNIQUE: dict[str, tuple[tuple[str, ...], ...]] = {
     "rollout_batches": (("group_id", "sample_index"),),

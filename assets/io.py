@@ -44,3 +44,12 @@ class FrameIOManager(ConfigurableIOManager):
                 with fs.open(local) as f:
                     return json.load(f)
         raise FileNotFoundError(f"no stored value for asset {context.asset_key.to_user_string()} at {self._path(context, '.{parquet,json}')}")
+
+
+def read_stored_frame(root: str, asset: str, partition: str) -> pd.DataFrame | None:
+    """A partition that FrameIOManager stored under `root`, read outside the asset graph (the
+    curriculum reads the previous round's task pool, which a graph edge cannot express: a round
+    depending on an earlier partition of its own output). None if it was never stored."""
+    path = f"{root.rstrip('/')}/{asset}/{partition}.parquet"
+    fs, local = fsspec.core.url_to_fs(path)
+    return pd.read_parquet(path) if fs.exists(local) else None

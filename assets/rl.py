@@ -1,7 +1,9 @@
-"""One RL round as one materialization: rollouts, rewards and the checkpoint, partitioned by round.
+"""One RL round as one materialization: rollouts, rewards, the checkpoint and the task pool,
+partitioned by round.
 
 The engines stay loaded for all of the round's on-policy steps (reloading per step would
-dominate at real scale); the three products are still separate assets with their own checks.
+dominate at real scale); the four products are still separate assets with their own checks.
+The round samples training tasks by the curriculum weights of the previous round's task pool.
 A round starts from the current `champion` in the MLflow registry (or the SFT checkpoint) and
 keeps the SFT checkpoint as the frozen KL reference.
 """
@@ -11,12 +13,16 @@ import torch
 from dagster import AssetExecutionContext, AssetKey, AssetOut, DynamicPartitionsDefinition, MetadataValue, Output, multi_asset
 
 from assets.contracts import contract_check
+from assets.data import MAX_LEVEL
+from assets.io import read_stored_frame
 from assets.plots import curves_png, markdown_image
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHAMPION, MLflowTracker
-from environments.arithmetic import FAMILY, LEVELS
-from environments.tools import CodeInterpreter
+from configs.schema import FAMILY_LEVELS
+from environments.families import build_tools
+from environments.search import kb_from_rows
+from training.curriculum import HISTORY_COLUMNS, pool_weights, task_weight, update_history
 from training.grpo import train_round
 from training.model import save_checkpoint
 from training.scoring import reward_summary, tier_table
@@ -33,6 +39,27 @@ def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str)
     return {"uri": champion.tags["checkpoint_uri"]}, f"v{champion.version}"
 
 
+def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_index: int) -> dict[str, dict]:
+    """The task pool the latest earlier round stored ({} before the first)."""
+    earlier = sorted((int(k) for k in context.instance.get_dynamic_partitions(rl_rounds.name) if int(k) < round_index), reverse=True)
+    for key in earlier:
+        frame = read_stored_frame(storage.uri("assets"), "task_pool", str(key))
+        if frame is not None:
+            return {str(r["task_id"]): r for r in frame.to_dict("records") if r["attempts"] > 0}
+    return {}
+
+
+def pool_frame(history: dict[str, dict], tasks: list[dict], curriculum) -> pd.DataFrame:
+    """Every training task with its history (zeros when never tried) and its next-round weight."""
+    rows = []
+    for t in tasks:
+        h = history.get(t["task_id"]) or {"attempts": 0, "successes": 0.0, "pass_rate": float("nan"), "rounds": 0, "last_round": 0}
+        rows.append({"task_id": t["task_id"], "family": t["family"], "level": int(t["level"]), "attempts": int(h["attempts"]),
+                     "successes": float(h["successes"]), "pass_rate": float(h["pass_rate"]), "rounds": int(h["rounds"]),
+                     "last_round": int(h["last_round"]), "weight": task_weight(h if h["attempts"] else None, curriculum) if curriculum.enabled else 1.0})
+    return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+
+
 @multi_asset(
     group_name="rl",
     partitions_def=rl_rounds,
@@ -40,11 +67,12 @@ def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str)
         "rollout_batches": AssetOut(description="Every trajectory sampled in the round (ids, tool_mask, behaviour logprobs)."),
         "verified_rewards": AssetOut(description="Reward and its components per trajectory; recomputable from rollouts."),
         "rl_checkpoint": AssetOut(description="The policy at the end of the round (HF folder)."),
+        "task_pool": AssetOut(description="Pass-rate history per training task after this round, and its weight in the next (curriculum)."),
     },
     deps=[AssetKey("sft_benchmark_scores")],  # the SFT version must be registered before round 1 looks up the champion
 )
 def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-             tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict):
+             tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     round_index = int(context.partition_key)
@@ -52,6 +80,9 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     policy, tok = load_checkpoint(storage, init, cfg.model.dtype)
     reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype)
     reference.requires_grad_(False).eval()
+    tasks = records(training_tasks)
+    history = previous_pool(context, storage, round_index)
+    weights = pool_weights([t["task_id"] for t in tasks], history, cfg.rl.curriculum)
 
     def log(step: int, metrics: dict[str, float]) -> None:
         shown = ("reward/total/mean", "reward/outcome/pass_rate", "rollout/tool_call_rate", "actor/entropy", "loss/kl", "perf/step_s")
@@ -59,9 +90,10 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
 
     params = {"rl": cfg.rl.model_dump(), "rollout": cfg.rollout.model_dump(), "reward": cfg.reward.model_dump(), "init_version": init_version}
     with tracker.run(context, "rl_round", params) as run_id, sandbox.open() as box:
-        result = train_round(policy, reference, tok, records(training_tasks), CodeInterpreter(box), rl=cfg.rl, rollout=cfg.rollout,
+        result = train_round(policy, reference, tok, tasks,
+                             build_tools(sandbox=box, kb=kb_from_rows(records(knowledge_base)), top_k=cfg.data.knowledge_base.top_k), rl=cfg.rl, rollout=cfg.rollout,
                              cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index, policy_version=init_version,
-                             seed=cfg.seed * 1000 + round_index, on_step=log)
+                             seed=cfg.seed * 1000 + round_index, on_step=log, task_weights=weights)
         tracker.log_history(run_id, result.history)
         summary = reward_summary(result.rewards, result.tier_stats, result.disagreements)
         tracker.log_metrics(run_id, {f"round/{k}": v for k, v in summary.items()})
@@ -81,9 +113,17 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         **{k.replace("/", "_"): float(v) for k, v in summary.items() if k.startswith("verifier/") and not k.endswith("/seconds")},
         "verifier_tiers": MetadataValue.md(tier_table(result.tier_stats)), "curves": markdown_image(png, "RL curves"),
     })
+    pool = pool_frame(update_history(history.values(), result.rewards, round_index), tasks, cfg.rl.curriculum)
+    yield Output(pool, "task_pool", metadata={
+        "tasks_tried": int((pool["attempts"] > 0).sum()), "tasks": len(pool),
+        "dropped_always_solved": int(((pool["weight"] == 0) & (pool["pass_rate"] >= cfg.rl.curriculum.solved_above)).sum()),
+        "dropped_never_solved": int(((pool["weight"] == 0) & (pool["pass_rate"] <= cfg.rl.curriculum.unsolved_below)).sum()),
+        "weighted_this_round": int(sum(w > 0 for w in weights.values())),
+        "pass_rate_by_family_level": MetadataValue.md(pool[pool["attempts"] > 0].groupby(["family", "level"])["pass_rate"].mean().unstack().round(3).to_markdown()),
+    })
     yield Output({"uri": uri, "mlflow_run_id": run_id, "init_version": init_version, "round": round_index}, "rl_checkpoint", metadata={
         "uri": uri, "init_version": init_version, "mlflow_run_id": run_id, "final_entropy": last.get("actor/entropy", float("nan")),
     })
 
 
-rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds, families=(FAMILY,), max_level=max(LEVELS))
+rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds, families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)

@@ -5,11 +5,13 @@ import torch
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.contracts import contract_check
+from assets.data import MAX_LEVEL
 from assets.plots import curves_png, markdown_image
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.tracking import MLflowTracker
-from environments.arithmetic import FAMILY, LEVELS
-from environments.tools import CodeInterpreter
+from configs.schema import FAMILY_LEVELS
+from environments.families import build_tools
+from environments.search import kb_from_rows
 from training.model import build_model, load_policy, load_tokenizer, num_parameters, save_checkpoint
 from training.sft import Example, train_sft
 from training.tokenizer import tag_ids, train_tokenizer
@@ -26,9 +28,11 @@ def load_checkpoint(storage: ArtifactStore, pointer: dict, dtype: str = "float32
 
 
 @asset(group_name="model", description="BPE tokenizer trained on the synthetic corpus (or the pretrained model's own).")
-def tokenizer(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, training_tasks: pd.DataFrame) -> dict:
+def tokenizer(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, training_tasks: pd.DataFrame,
+              knowledge_base: pd.DataFrame) -> dict:
     cfg = settings.config.model
-    tok = load_tokenizer(cfg.name_or_path) if cfg.source == "pretrained" else train_tokenizer(tokenizer_corpus(records(training_tasks)), cfg.vocab_size)
+    documents = [d["text"] for d in kb_from_rows(records(knowledge_base)).documents]
+    tok = load_tokenizer(cfg.name_or_path) if cfg.source == "pretrained" else train_tokenizer(tokenizer_corpus(records(training_tasks), documents), cfg.vocab_size)
     tags = tag_ids(tok)
     with storage.writable_dir("tokenizer") as (path, uri):
         tok.save_pretrained(path)
@@ -52,22 +56,26 @@ def base_model(context: AssetExecutionContext, settings: FlywheelSettings, stora
 
 @asset(group_name="sft", description="Teacher trajectories (tool calls run in the sandbox), tokenized with tool_mask.")
 def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                     training_tasks: pd.DataFrame, tokenizer: dict) -> pd.DataFrame:
+                     training_tasks: pd.DataFrame, tokenizer: dict, knowledge_base: pd.DataFrame) -> pd.DataFrame:
     cfg = settings.config
     tok = load_tokenizer(storage.local_path(tokenizer["uri"]))
+    kb = kb_from_rows(records(knowledge_base))
     with sandbox.open() as box:
-        rows = build_sft_trajectories(records(training_tasks), tok, CodeInterpreter(box), n=cfg.teacher.num_trajectories, seed=cfg.seed,
-                                      p_direct=cfg.teacher.p_direct, hard_levels=cfg.teacher.hard_levels)
+        rows = build_sft_trajectories(records(training_tasks), tok, build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k),
+                                      teacher=cfg.teacher, seed=cfg.seed, kb=kb)
     df = pd.DataFrame(rows)
-    mix = df.groupby(["level", "strategy"]).size().unstack(fill_value=0)
+    mix = df.groupby(["family", "level", "strategy"]).size().unstack(fill_value=0)
+    lengths = (df["prompt_ids"].map(len) + df["completion_ids"].map(len)).describe(percentiles=[0.5, 0.9, 0.99])
     context.add_output_metadata({
-        "rows": len(df), "teacher_accuracy": float(df["correct"].mean()), "tool_fraction": float((df["strategy"] == "tool").mean()),
+        "rows": len(df), "teacher_accuracy": float(df["correct"].mean()),
+        "teacher_accuracy_by_family": MetadataValue.json({k: round(float(v), 4) for k, v in df.groupby("family")["correct"].mean().items()}),
+        "tokens_per_trajectory": MetadataValue.json({k: round(float(v), 1) for k, v in lengths.items() if k != "count"}),
         "strategy_by_level": MetadataValue.md(mix.to_markdown()), "example": MetadataValue.text(df["completion"].iloc[0]),
     })
     return df
 
 
-sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=(FAMILY,), max_level=max(LEVELS))
+sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
 
 
 @asset(group_name="sft", description="The policy after SFT on teacher trajectories (loss on policy tokens only).")
@@ -76,7 +84,8 @@ def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, s
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, base_model, cfg.model.dtype)
-    examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["tool_mask"])) for r in records(sft_trajectories)]
+    # loss_mask: the policy's own tokens minus the detours (mistakes and alternatives shown, not taught)
+    examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(sft_trajectories)]
 
     def log(step: int, metrics: dict[str, float]) -> None:
         context.log.info(f"sft step {step}/{cfg.sft.steps}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))

@@ -18,31 +18,83 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DataConfig(_Strict):
-    """Task synthesis for the arithmetic-with-interpreter family (ReTool style)."""
+Family = Literal["arithmetic", "search", "code"]
+FAMILY_LEVELS = {"arithmetic": (1, 2, 3, 4), "search": (1, 2, 3), "code": (1, 2, 3, 4)}  # environments/ keeps them equal (tested)
 
-    num_train_tasks: int = Field(6000, ge=10, description="Training tasks generated per flywheel.")
-    num_benchmark_tasks: int = Field(1200, ge=10, description="Held-out tasks, disjoint from training.")
-    levels: tuple[int, ...] = Field((1, 2, 3, 4), description="Difficulty levels to generate (1..4).")
-    level_weights: tuple[float, ...] = Field((1, 1, 1, 1), description="Sampling weight per level.")
-    task_file: Path | None = Field(None, description="Load training tasks from this JSONL file instead of generating them.")
-    seed: int = Field(0, description="Seed for task generation; the benchmark uses seed + 1_000_003.")
+
+class FamilyDataConfig(_Strict):
+    """How many tasks of one family to synthesize, and at which difficulty levels."""
+
+    train_tasks: int = Field(ge=1, description="Training tasks generated per flywheel.")
+    benchmark_tasks: int = Field(ge=1, description="Held-out tasks, disjoint from training.")
+    levels: tuple[int, ...] | None = Field(None, description="Difficulty levels to generate; default all of the family's.")
+    level_weights: tuple[float, ...] | None = Field(None, description="Sampling weight per level; default uniform.")
 
     @model_validator(mode="after")
-    def _levels_match(self) -> "DataConfig":
-        if len(self.level_weights) != len(self.levels):
+    def _weights_match(self) -> "FamilyDataConfig":
+        if self.level_weights is not None and self.levels is not None and len(self.level_weights) != len(self.levels):
             raise ValueError(f"level_weights has {len(self.level_weights)} entries but levels has {len(self.levels)}")
-        if any(level not in (1, 2, 3, 4) for level in self.levels):
-            raise ValueError(f"levels must be within 1..4, got {self.levels}")
         return self
 
 
-class TeacherConfig(_Strict):
-    """The scripted, imperfect demonstrator that writes SFT trajectories."""
+class KnowledgeBaseConfig(_Strict):
+    """The search family's generated world (environments/search.py): entities, relations, one document each."""
 
+    people: int = Field(300, ge=4)
+    companies: int = Field(60, ge=2)
+    cities: int = Field(60, ge=2)
+    countries: int = Field(12, ge=2)
+    top_k: int = Field(1, ge=1, le=5, description="Passages the search tool returns per query.")
+
+
+class DataConfig(_Strict):
+    """Task synthesis: which families, how many tasks, which levels."""
+
+    families: dict[Family, FamilyDataConfig] = Field(
+        default_factory=lambda: {"arithmetic": FamilyDataConfig(train_tasks=6000, benchmark_tasks=1200)},
+        description="Task family -> its task counts and levels (arithmetic, search, code).")
+    knowledge_base: KnowledgeBaseConfig = KnowledgeBaseConfig()
+    task_file: str | None = Field(None, description="Train on this task file (JSONL/Parquet, local or s3://) instead of generated tasks.")
+    benchmark_file: str | None = Field(None, description="Benchmark on this task file instead of generated tasks (checked for contamination).")
+    contamination_ngram: int = Field(13, ge=4, description="A shared run of this many words marks a benchmark prompt as seen in training.")
+    seed: int = Field(0, description="Seed for task generation; the benchmark uses seed + 1_000_003.")
+
+    @model_validator(mode="after")
+    def _levels_exist(self) -> "DataConfig":
+        if not self.families:
+            raise ValueError("families must name at least one task family")
+        for name, fam in self.families.items():
+            bad = [lv for lv in (fam.levels or ()) if lv not in FAMILY_LEVELS[name]]
+            if bad:
+                raise ValueError(f"families.{name}.levels {bad} do not exist; {name} has levels {FAMILY_LEVELS[name]}")
+        return self
+
+
+class ArithmeticTeacher(_Strict):
     p_direct: float = Field(0.6, ge=0.0, le=1.0, description="Probability the teacher answers without the tool.")
     hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where a direct (mental) answer is wrong.")
-    num_trajectories: int = Field(6000, ge=1, description="SFT trajectories to write (one per training task, cycling).")
+
+
+class SearchTeacher(_Strict):
+    p_direct: float = Field(0.3, ge=0.0, le=1.0, description="Probability of guessing without searching (wrong).")
+    p_partial: float = Field(0.3, ge=0.0, le=1.0, description="Probability of stopping a hop early on 2-3 hop questions (wrong).")
+
+
+class CodeTeacher(_Strict):
+    p_direct: float = Field(0.5, ge=0.0, le=1.0, description="Probability of answering without running the code first.")
+    hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where an untested answer is a near miss.")
+
+
+class TeacherConfig(_Strict):
+    """The scripted, imperfect demonstrators that write SFT trajectories (one per family)."""
+
+    num_trajectories: int = Field(6000, ge=1, description="SFT trajectories in all, split over families by `mixture`.")
+    mixture: dict[Family, float] | None = Field(None, description="Relative share of trajectories per family; default: as training tasks.")
+    negative_fraction: float = Field(0.1, ge=0, le=1, description="Expert demos that first make a mistake, shown but masked from the loss (Agent-FLAN).")
+    alternatives_fraction: float = Field(0.1, ge=0, le=1, description="Expert demos that first try alternative actions and see their outcomes (HAS).")
+    arithmetic: ArithmeticTeacher = ArithmeticTeacher()
+    search: SearchTeacher = SearchTeacher()
+    code: CodeTeacher = CodeTeacher()
 
 
 class ModelConfig(_Strict):
@@ -55,7 +107,7 @@ class ModelConfig(_Strict):
     num_hidden_layers: int = Field(2, ge=1)
     num_attention_heads: int = Field(4, ge=1)
     num_key_value_heads: int = Field(4, ge=1)
-    max_position_embeddings: int = Field(256, ge=32)
+    max_position_embeddings: int = Field(512, ge=32)
     vocab_size: int = Field(320, ge=270, description="Target vocabulary of the trained BPE tokenizer (scratch only).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -83,10 +135,20 @@ class SFTConfig(_Strict):
 class RolloutConfig(_Strict):
     engine: Literal["hf", "vllm"] = "hf"
     temperature: float = Field(1.0, gt=0)
-    max_turns: int = Field(3, ge=1, description="Policy turns per episode (each tool call ends a turn).")
+    max_turns: int = Field(4, ge=1, description="Policy turns per episode (each tool call ends a turn); 3-hop search needs 4.")
     max_new_tokens_per_turn: int = Field(48, ge=1)
-    max_total_tokens: int = Field(160, ge=16, description="Prompt + completion budget per trajectory.")
-    max_observation_tokens: int = Field(24, ge=1, description="Tool output longer than this is truncated.")
+    max_total_tokens: int = Field(256, ge=16, description="Prompt + completion budget per trajectory.")
+    max_observation_tokens: int = Field(48, ge=1, description="Tool output longer than this is truncated (a search passage fits).")
+
+
+class CurriculumConfig(_Strict):
+    """Re-weighting of the task pool each round from measured pass rates (training/curriculum.py)."""
+
+    enabled: bool = True
+    min_attempts: int = Field(8, ge=1, description="Trajectories of a task before its pass rate is trusted (one group).")
+    solved_above: float = Field(1.0, ge=0, le=1, description="Pass rate at or above which a task is dropped (always solved).")
+    unsolved_below: float = Field(0.0, ge=0, le=1, description="Pass rate at or below which a task is dropped (never solved).")
+    weighting: Literal["uniform", "variance"] = Field("uniform", description="variance: weight 4p(1-p), GRPO's expected signal.")
 
 
 class RLConfig(_Strict):
@@ -108,6 +170,7 @@ class RLConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0)
     drop_zero_variance_groups: bool = Field(True, description="Groups with identical rewards carry no GRPO signal.")
     init_from: Literal["champion", "sft"] = Field("champion", description="Where each round starts.")
+    curriculum: CurriculumConfig = CurriculumConfig()
 
 
 class VerifierSpec(_Strict):
@@ -149,6 +212,7 @@ class RewardConfig(_Strict):
     outcome_weight: float = Field(1.0, gt=0)
     verifiers: dict[str, VerifierSpec] = Field(
         default_factory=lambda: {"arithmetic": VerifierSpec(name="math", params={"rel_tol": 1e-6}),
+                                 "search": VerifierSpec(name="exact_match"),
                                  "code": VerifierSpec(name="unit_tests", params={"mode": "fraction"})},
         description="task family -> outcome verifier (the cascade's main tier).")
     terms: dict[str, ShapingTerm] = Field(default_factory=_default_terms, description="Registered shaping term -> weight/cap.")

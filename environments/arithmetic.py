@@ -16,14 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from environments.base import TASK_COLUMNS, Demonstration, Step, draw_distinct_tasks  # noqa: F401  (TASK_COLUMNS re-exported)
 from verifiers.protocol import ANSWER_CLOSE, ANSWER_OPEN, CODE_CLOSE, CODE_OPEN
 
 FAMILY = "arithmetic"
 LEVELS = (1, 2, 3, 4)
-TASK_COLUMNS = ("task_id", "family", "level", "prompt", "answer", "split", "metadata")
 
 
 def _digits(rng: random.Random, n: int) -> int:
@@ -83,34 +82,13 @@ def generate_tasks(
 ) -> list[dict]:
     """`n` distinct tasks not in `exclude_ids`. Raises if the space is too small to fill."""
     rng = random.Random(seed)
-    levels = list(levels)
-    weights = list(level_weights) if level_weights is not None else [1.0] * len(levels)
-    tasks: dict[str, dict] = {}
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 50 * n + 1000:
-            raise ValueError(f"could only generate {len(tasks)} distinct {split} tasks of {n} requested at levels {levels}")
-        level = rng.choices(levels, weights)[0]
-        record = task_record(make_expression(level, rng), level, split)
-        if record["task_id"] not in exclude_ids:
-            tasks.setdefault(record["task_id"], record)
-    return list(tasks.values())
+    return draw_distinct_tasks(n, rng=rng, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids,
+                               make=lambda level: task_record(make_expression(level, rng), level, split))
 
 
 # ---------------------------------------------------------------- teacher
-
-
-@dataclass(frozen=True)
-class Demonstration:
-    """A teacher trajectory before tokenization: the code to run (or None) and the answer text.
-    The observation is produced by the real tool, so SFT sees exactly what rollouts will see."""
-
-    task_id: str
-    strategy: str  # "tool" | "direct"
-    code: str | None
-    answer: str
-    correct: bool
+# The observation of a tool step comes from the real tool when the trajectory is built
+# (training.trajectories), so SFT sees exactly what rollouts will see.
 
 
 def near_miss(value: int, rng: random.Random) -> int:
@@ -126,10 +104,10 @@ def demonstrate(task: dict, *, rng: random.Random, p_direct: float, hard_levels:
     expression = json.loads(task["metadata"])["expression"]
     gold = int(task["answer"])
     if rng.random() >= p_direct:
-        return Demonstration(task["task_id"], "tool", f"print({expression})", str(gold), True)
+        return Demonstration(task["task_id"], "tool", (Step("code", f"print({expression})"),), str(gold), True)
     if task["level"] in set(hard_levels):
-        return Demonstration(task["task_id"], "direct", None, str(near_miss(gold, rng)), False)
-    return Demonstration(task["task_id"], "direct", None, str(gold), True)
+        return Demonstration(task["task_id"], "direct", (), str(near_miss(gold, rng)), False)
+    return Demonstration(task["task_id"], "direct", (), str(gold), True)
 
 
 def demonstrations(tasks: list[dict], n: int, *, seed: int, p_direct: float, hard_levels: Iterable[int]) -> Iterator[Demonstration]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from verifiers.protocol import OBS_CLOSE, OBS_OPEN
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from verifiers.protocol import OBSERVATION_TAGS
 
 if TYPE_CHECKING:  # the sandbox is injected; only its type is needed here
     from verifiers.sandbox import Sandbox
@@ -29,8 +30,21 @@ def observation_text(stdout: str, stderr: str, error: str | None, max_chars: int
     return text if len(text) <= max_chars else text[:max_chars] + "…\n"
 
 
-def wrap_observation(text: str) -> str:
-    return f"{OBS_OPEN}{text}{OBS_CLOSE}"
+def wrap_observation(text: str, tool: str = "code") -> str:
+    open_tag, close_tag = OBSERVATION_TAGS[tool]
+    return f"{open_tag}{text}{close_tag}"
+
+
+class Tool(Protocol):
+    """What the agent loop needs of a tool: a name (a key of TOOL_TAGS) and batched calls."""
+
+    name: str
+
+    def call_many(self, args: list[str]) -> list[ToolResult]: ...
+
+
+def toolbox(*tools: Tool) -> dict[str, Tool]:
+    return {tool.name: tool for tool in tools}
 
 
 class CodeInterpreter:

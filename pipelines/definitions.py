@@ -30,7 +30,7 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
     )
     rl_job = define_asset_job(
         RL_ROUND_JOB,
-        selection=AssetSelection.assets("rollout_batches", "verified_rewards", "rl_checkpoint", "benchmark_scores"),
+        selection=AssetSelection.assets("rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"),
         partitions_def=rl.rl_rounds,
         description="One RL round from the champion, then its benchmark and the promotion gate.",
     )
@@ -51,9 +51,9 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
                             dynamic_partitions_requests=[rl.rl_rounds.build_add_request([next_key])])
 
     return Definitions(
-        assets=[data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
+        assets=[data.knowledge_base, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
                 benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit],
-        asset_checks=[data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
+        asset_checks=[data.knowledge_base_contract, data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
                       sft.sft_trajectories_contract, rl.rollout_batches_contract],
         jobs=[foundation, rl_job, audit_job],
         sensors=[retrain_sensor],

@@ -77,8 +77,13 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
     tracker = resources_for(cfg, overrides)["tracker"]
     champion = tracker.version_by_alias("champion")
     final = rounds[-1] if rounds else sft_scores
-    gain = paired_difference(*(tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores)), cfg.benchmark.confidence)
-    return {"sft": sft_scores, "rounds": rounds, "gain": gain, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
+    final_scores, sft_per_task = (tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores))
+    gain = paired_difference(final_scores, sft_per_task, cfg.benchmark.confidence)
+    family_of = dict(zip(*defs.load_asset_value("benchmark_tasks", instance=instance)[["task_id", "family"]].T.values))
+    gains = {family: paired_difference({t: s for t, s in final_scores.items() if family_of[t] == family},
+                                       {t: s for t, s in sft_per_task.items() if family_of[t] == family}, cfg.benchmark.confidence)
+             for family in sorted(set(family_of.values()))}
+    return {"sft": sft_scores, "rounds": rounds, "gain": gain, "gains": gains, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
             "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
 
 
@@ -110,8 +115,9 @@ def report(outcome: dict) -> str:
     return "\n".join([
         "", table, "",
         "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min".format(*outcome["gain"], outcome["minutes"]),
-        "tool-call rate by level (SFT -> final RL): " + ", ".join(
-            f"L{k.split('/')[0].removeprefix('level_')} {sft[k]:.2f}->{final[k]:.2f}" for k in sorted(sft) if k.endswith("/tool_call_rate")),
+        *(f"  {family:<10} pass@1 {sft[family + '/pass_at_1']:.3f} -> {final[family + '/pass_at_1']:.3f}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}]; "
+          f"tool-call rate {sft[family + '/tool_call_rate']:.2f} -> {final[family + '/tool_call_rate']:.2f}"
+          for family, (d, lo, hi) in outcome["gains"].items()),
         f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
         f"MLflow:   {tracking}   (make mlflow-ui, then http://localhost:5000)",
         f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",

@@ -62,5 +62,5 @@ def test_override_inside_a_default_mapping_keeps_the_rest():
     cfg = load_profile("tiny", {"reward.terms.format.weight": 0.05, "reward.verifiers.arithmetic.params.rel_tol": 0.0})
     assert cfg.reward.terms["format"].weight == 0.05 and cfg.reward.terms["format"].cap == 0.1
     assert set(cfg.reward.terms) == {"format", "tool_cost", "tool_misuse", "overlong"}
-    assert set(cfg.reward.verifiers) == {"arithmetic", "code"}
+    assert set(cfg.reward.verifiers) == {"arithmetic", "search", "code"}
     assert cfg.reward.verifiers["arithmetic"].name == "math" and cfg.reward.verifiers["arithmetic"].params == {"rel_tol": 0.0}

@@ -395,3 +395,15 @@ def test_dagster_partitioned_check():
         }
         assert (AssetKey("rollout_batches"), "bad") in materialized
         assert not any(key == AssetKey("policy_update") for key, _ in materialized)
+
+
+def test_knowledge_base_contract_names_bad_columns():
+    from environments.search import generate_kb, kb_to_rows
+
+    df = pd.DataFrame(kb_to_rows(generate_kb(0, n_people=20, n_companies=5, n_cities=5, n_countries=3)))
+    assert validate_contract("knowledge_base", df).success
+    bad = df.copy()
+    bad.loc[0, "type"], bad.loc[1, "name"], bad.loc[3, "relations"] = "planet", bad.loc[2, "name"], "{not json"
+    report = validate_contract("knowledge_base", bad)
+    assert_fails(report, "expect_column_values_to_be_unique", "name")
+    assert_fails(report, "expect_column_values_to_be_in_set", "type")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LINEAGE = {"benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
-           "sft_benchmark_scores", "rollout_batches", "verified_rewards", "rl_checkpoint", "benchmark_scores"}
+LINEAGE = {"knowledge_base", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
+           "sft_benchmark_scores", "rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"}
 ON_DEMAND = {"reward_audit"}  # materialized by users (or the test below), not by `make run`
 
 
@@ -101,11 +101,22 @@ def test_micro_flywheel_end_to_end(home):
     assert audit_meta["rows_rescored"].value == len(instance_rows(home, "rollout_batches"))
     assert {"disagreements", "training_only", "verifier_tiers"} <= set(audit_meta)
 
+    # the task pool: pass rates after round 1, accumulated by round 2 (which reads round 1's pool)
+    from assets.rl import rl_rounds
+    from pipelines.definitions import RL_ROUND_JOB
 
-def instance_rows(home, asset: str):
+    pool_1 = instance_rows(home, "task_pool")
+    assert pool_1["attempts"].sum() == 32 and 1 <= (pool_1["attempts"] > 0).sum() <= 8  # micro: 2 steps x 4 prompts x G=4
+    instance.add_dynamic_partitions(rl_rounds.name, ["2"])
+    assert build_definitions("micro", {}).resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key="2").success
+    pool_2 = instance_rows(home, "task_pool", "2")
+    assert pool_2["attempts"].sum() == pool_1["attempts"].sum() + 32
+
+
+def instance_rows(home, asset: str, partition: str = "1"):
     import pandas as pd
 
-    return pd.read_parquet(home / "artifacts" / "assets" / asset / "1.parquet")
+    return pd.read_parquet(home / "artifacts" / "assets" / asset / f"{partition}.parquet")
 
 
 def _check_key(asset: str, name: str):
@@ -127,17 +138,53 @@ def test_malformed_task_file_stops_at_training_tasks(home, tmp_path):
     with pytest.raises(SystemExit) as stop:
         run_flywheel("micro", {"data.task_file": str(task_file)})
     message = str(stop.value)
-    assert "expect_column_values_to_be_unique" in message and "'task_id'" in message and "'level'" in message
+    assert "row 2: field 'task_id': 't1' repeats row 1" in message and "row 3: field 'level': 9 is not a level of arithmetic" in message
     instance = DagsterInstance.get()
-    assert instance.get_latest_materialization_event(AssetKey("training_tasks")) is not None
-    for downstream in ("tokenizer", "sft_trajectories", "sft_checkpoint", "sft_benchmark_scores"):
+    assert instance.get_latest_materialization_event(AssetKey("benchmark_tasks")) is not None  # what was produced is kept
+    for downstream in ("training_tasks", "tokenizer", "sft_trajectories", "sft_checkpoint", "sft_benchmark_scores"):
         assert instance.get_latest_materialization_event(AssetKey(downstream)) is None, downstream
 
 
 def test_unparseable_task_file_names_file_and_line(tmp_path):
-    from assets.data import read_task_file
+    from environments.task_files import TaskFileError, load_task_file
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task_id": "a"}\n{oops\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
-        read_task_file(bad)
+    with pytest.raises(TaskFileError, match=r"bad.jsonl has 1 problem\(s\):\n  row 2: not valid JSON"):
+        load_task_file(str(bad))
+
+
+@pytest.mark.slow
+def test_benchmark_file_that_overlaps_training_is_stopped_naming_ids(home, tmp_path):
+    from dagster import AssetKey, DagsterInstance
+
+    from pipelines.run import run_flywheel
+
+    train = [{"task_id": f"mine-{i}", "family": "arithmetic", "level": 1, "prompt": f"compute {10 + i}+{i % 9 + 1}\n", "answer": str(10 + i + i % 9 + 1)}
+             for i in range(40)]
+    bench = [{"task_id": "bench-1", "family": "arithmetic", "level": 1, "prompt": "Compute 13 + 4?", "answer": "17"},  # train row 3, reworded
+             {"task_id": "bench-2", "family": "arithmetic", "level": 1, "prompt": "compute 99+99\n", "answer": "198"}]
+    for name, rows in (("train.jsonl", train), ("bench.jsonl", bench)):
+        (tmp_path / name).write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(SystemExit) as stop:
+        run_flywheel("micro", {"data.task_file": str(tmp_path / "train.jsonl"), "data.benchmark_file": str(tmp_path / "bench.jsonl")})
+    message = str(stop.value)
+    assert "check training_disjoint_from_benchmark on training_tasks failed" in message
+    assert "benchmark bench-1 ~ training mine-3 (same normalized prompt)" in message and "bench-2" not in message
+    assert DagsterInstance.get().get_latest_materialization_event(AssetKey("tokenizer")) is None
+
+
+@pytest.mark.slow
+def test_a_good_user_task_file_trains_end_to_end(home, tmp_path):
+    from environments.families import generate_tasks
+    from pipelines.run import run_flywheel
+
+    # levels with large task spaces, so no user task collides with the generated benchmark (that would be blocked, as above)
+    rows = generate_tasks("arithmetic", 120, seed=11, split="train", levels=(3, 4)) + generate_tasks("code", 60, seed=11, split="train", levels=(3,))
+    for r in rows:  # as a user would write them: ids of their own, metadata as an object
+        r["task_id"], r["metadata"] = "user-" + r["task_id"], json.loads(r["metadata"])
+    (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    outcome = run_flywheel("micro", {"data.task_file": str(tmp_path / "mine.jsonl")})
+    assert len(outcome["rounds"]) == 1 and outcome["rounds"][0]["version"] == "2"
+    trained_on = instance_rows(home, "rollout_batches")
+    assert set(trained_on["task_id"]) <= {r["task_id"] for r in rows} and set(trained_on["family"]) <= {"arithmetic", "code"}

@@ -4,13 +4,14 @@ import pytest
 import torch
 
 from environments.arithmetic import answer_turn, code_turn
-from environments.tools import CodeInterpreter
+from environments.tools import CodeInterpreter, toolbox
 from training.model import build_model
 from training.rl_math import token_logprobs
 from training.rollout import run_episodes
 from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits, encode, encode_observation, encode_segments, policy_spans
 from configs.schema import RewardConfig
+from verifiers.protocol import OBSERVATION_TAGS
 from verifiers.cascade import Cascade
 
 
@@ -58,15 +59,17 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
         bias[tok.convert_tokens_to_ids(tag)] = 4.0
     random_policy.lm_head.bias = torch.nn.Parameter(bias)
     cfg = micro_cfg.rollout.model_copy(update={"max_new_tokens_per_turn": 12, "max_turns": 3})
-    episodes = run_episodes(random_policy, tok, tasks[:6], group_size=4, tool=CodeInterpreter(sandbox), cfg=cfg, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(random_policy, tok, tasks[:6], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=cfg, generator=torch.Generator().manual_seed(0))
     assert len(episodes) == 24
     assert sum(len(e.tool_calls) for e in episodes) > 0, "expected some tool calls"
     for e in episodes:
         assert len(e.completion_ids) == len(e.tool_mask) == len(e.logprobs)
         assert e.stop_reason in {"answer", "eos", "max_turns", "max_tokens"}
-        close = tok.convert_tokens_to_ids("</interpreter>")
-        observations = [encode_observation(tok, c["result"]) for c in e.tool_calls]
-        observations = [o if len(o) <= cfg.max_observation_tokens else o[: cfg.max_observation_tokens - 1] + [close] for o in observations]
+        observations = []
+        for c in e.tool_calls:  # each observation in its tool's tags; a tool the family lacks answers "unknown tool"
+            o, close = encode_observation(tok, c["result"], c["name"]), tok.convert_tokens_to_ids(OBSERVATION_TAGS[c["name"]][1])
+            observations.append(o if len(o) <= cfg.max_observation_tokens else o[: cfg.max_observation_tokens - 1] + [close])
+            assert (c["error"] == "unknown_tool") == (c["name"] != "code")
         tool_ids = [i for i, m in zip(e.completion_ids, e.tool_mask) if m == 0]
         assert tool_ids == [t for obs in observations for t in obs]
         assert all(lp == 0.0 for lp, m in zip(e.logprobs, e.tool_mask) if m == 0)
@@ -84,7 +87,7 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
 
 def test_records_and_rewards_recompute_from_storage(random_policy, tokenizer_and_tasks, micro_cfg, sandbox):
     tok, tasks = tokenizer_and_tasks
-    episodes = run_episodes(random_policy, tok, tasks[:3], group_size=2, tool=CodeInterpreter(sandbox), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(1))
+    episodes = run_episodes(random_policy, tok, tasks[:3], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(1))
     records = [episode_record(e, round_index=1, step=1, policy_version="test", tokenizer=tok) for e in episodes]
     by_id = {t["task_id"]: t for t in tasks}
     first = score_records(records, by_id, tok, Cascade(RewardConfig()))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from environments.arithmetic import generate_tasks
-from environments.tools import CodeInterpreter
+from environments.tools import CodeInterpreter, toolbox
 from training.grpo import compute_advantages, policy_update, train_round
 from training.model import build_model
 from training.rl_math import token_logprobs
@@ -13,12 +13,14 @@ from training.sft import Example, sft_loss, train_sft, warmup_cosine
 from training.trajectories import build_sft_trajectories
 from configs.schema import RewardConfig
 from verifiers.cascade import Cascade
+from configs.schema import TeacherConfig
 
 
 @pytest.fixture(scope="module")
 def sft_rows(tokenizer_and_tasks, sandbox):
     tok, tasks = tokenizer_and_tasks
-    return build_sft_trajectories(tasks, tok, CodeInterpreter(sandbox), n=120, seed=0, p_direct=0.5, hard_levels=(3, 4))
+    teacher = TeacherConfig(num_trajectories=120, arithmetic={"p_direct": 0.5, "hard_levels": (3, 4)})
+    return build_sft_trajectories(tasks, tok, toolbox(CodeInterpreter(sandbox)), teacher=teacher, seed=0)
 
 
 def test_teacher_trajectories_use_the_real_tool(sft_rows, tokenizer_and_tasks):
@@ -81,7 +83,7 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1)
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1).requires_grad_(False)
-    episodes = run_episodes(policy, tok, tasks[:1], group_size=2, tool=CodeInterpreter(sandbox), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(policy, tok, tasks[:1], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
 
     def seq_logprob():
@@ -104,7 +106,7 @@ def test_train_round_logs_every_step(tokenizer_and_tasks, micro_cfg, sandbox, ag
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False)
     rl = micro_cfg.rl.model_copy(update={"loss_agg_mode": agg_mode})
-    result = train_round(policy, reference, tok, tasks, CodeInterpreter(sandbox), rl=rl, rollout=micro_cfg.rollout,
+    result = train_round(policy, reference, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
                          cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0)
     n = micro_cfg.rl.steps_per_round * micro_cfg.rl.prompts_per_step * micro_cfg.rl.group_size
     assert len(result.rollouts) == len(result.rewards) == n

@@ -14,14 +14,14 @@ from statistics import NormalDist
 import torch
 
 from configs.schema import RolloutConfig
-from environments.tools import CodeInterpreter
+from environments.tools import Tool
 from training.rollout import run_episodes
 from training.scoring import episode_record, score_records
 from verifiers.cascade import Cascade
 
 
 def evaluate_policy(
-    model, tokenizer, tasks: list[dict], tool: CodeInterpreter, rollout: RolloutConfig, cascade: Cascade, *,
+    model, tokenizer, tasks: list[dict], tools: dict[str, Tool], rollout: RolloutConfig, cascade: Cascade, *,
     samples_per_task: int, temperature: float, greedy: bool, seed: int, batch_size: int,
 ) -> list[dict]:
     """One row per task: mean outcome over its samples, tool calls and turns."""
@@ -31,7 +31,7 @@ def evaluate_policy(
     per_batch = max(1, batch_size // k)
     for start in range(0, len(tasks), per_batch):
         chunk = tasks[start : start + per_batch]
-        episodes = run_episodes(model, tokenizer, chunk, group_size=k, tool=tool, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
+        episodes = run_episodes(model, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
         records = [episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes]
         scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
         by_task: dict[str, list] = {}
@@ -41,6 +41,7 @@ def evaluate_policy(
             pairs = by_task[task["task_id"]]
             rows.append({
                 "task_id": task["task_id"],
+                "family": task["family"],
                 "level": int(task["level"]),
                 "score": sum((s["outcome"] or 0.0) for _, s in pairs) / len(pairs),
                 "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
@@ -76,10 +77,15 @@ def summarize(rows: list[dict], confidence: float) -> dict[str, float]:
         "mean_turns": sum(r["turns"] for r in rows) / len(rows),
         "num_tasks": float(len(rows)),
     }
-    for level in sorted({r["level"] for r in rows}):
-        at = [r for r in rows if r["level"] == level]
-        summary[f"level_{level}/pass_at_1"] = sum(r["score"] for r in at) / len(at)
-        summary[f"level_{level}/tool_call_rate"] = sum(r["tool_call_rate"] for r in at) / len(at)
+    for family in sorted({r["family"] for r in rows}):
+        of_family = [r for r in rows if r["family"] == family]
+        mean, low, high = mean_ci([r["score"] for r in of_family], confidence)
+        summary.update({f"{family}/pass_at_1": mean, f"{family}/pass_at_1_ci_low": low, f"{family}/pass_at_1_ci_high": high,
+                        f"{family}/tool_call_rate": sum(r["tool_call_rate"] for r in of_family) / len(of_family)})
+        for level in sorted({r["level"] for r in of_family}):
+            at = [r for r in of_family if r["level"] == level]
+            summary[f"{family}/level_{level}/pass_at_1"] = sum(r["score"] for r in at) / len(at)
+            summary[f"{family}/level_{level}/tool_call_rate"] = sum(r["tool_call_rate"] for r in at) / len(at)
     return summary
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from configs.schema import RLConfig, RolloutConfig
-from environments.tools import CodeInterpreter
+from environments.tools import Tool
+from training.curriculum import sample_prompts
 from training.rl_math import (
     agg_loss, entropy_from_logits, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, masked_mean, token_logprobs,
 )
@@ -114,10 +115,11 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
 
 
 def train_round(
-    policy, reference, tokenizer, tasks: list[dict], tool: CodeInterpreter, *,
+    policy, reference, tokenizer, tasks: list[dict], tools: dict[str, Tool], *,
     rl: RLConfig, rollout: RolloutConfig, cascade: Cascade, round_index: int, policy_version: str, seed: int,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None, task_weights: Mapping[str, float] | None = None,
 ) -> RoundResult:
+    """`task_weights`: the curriculum's sampling weight per task id (training/curriculum.py); None = uniform."""
     optimizer = torch.optim.AdamW(policy.parameters(), lr=rl.learning_rate, betas=(0.9, 0.99), weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     by_id = {t["task_id"]: t for t in tasks}
@@ -125,8 +127,8 @@ def train_round(
     for step in range(1, rl.steps_per_round + 1):
         start = time.perf_counter()
         # 1. generate: G episodes per prompt, multi-turn with the tool
-        prompts = rng.sample(tasks, min(rl.prompts_per_step, len(tasks)))
-        episodes = run_episodes(policy, tokenizer, prompts, group_size=rl.group_size, tool=tool, cfg=rollout,
+        prompts = sample_prompts(tasks, task_weights or {}, rl.prompts_per_step, rng)
+        episodes = run_episodes(policy, tokenizer, prompts, group_size=rl.group_size, tools=tools, cfg=rollout,
                                 generator=generator, group_prefix=f"r{round_index}-s{step}-")
         records = [episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer) for e in episodes]
         generate_s = time.perf_counter() - start

@@ -9,15 +9,17 @@ only ever derived from ids (for the tool and for logs), never the other way roun
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from configs.schema import RolloutConfig
-from environments.tools import CodeInterpreter
+from environments import TOOLS_BY_FAMILY
+from environments.tools import Tool, ToolResult
 from training.sequences import encode_observation
 from training.tokenizer import tag_ids
-from verifiers.protocol import ANSWER_CLOSE, CODE_CLOSE, CODE_OPEN, OBS_CLOSE
+from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS
 
 
 @dataclass
@@ -89,12 +91,24 @@ def sample_turn(
     return sampled, logps
 
 
-def _code_of_turn(tokenizer, turn_ids: list[int], open_id: int) -> str:
-    """The code between the turn's last `<code>` and the closing `</code>` it stopped on."""
+def _call_of_turn(tokenizer, turn_ids: list[int], open_id: int) -> str:
+    """The call's text between the turn's last opening tag and the closing tag it stopped on."""
     body = turn_ids[:-1]
     if open_id in body:
         body = body[len(body) - body[::-1].index(open_id) :]
     return tokenizer.decode(body)
+
+
+def _dispatch(tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]]) -> list[ToolResult]:
+    """Results in call order. Calls of one tool go out as one batch (the sandbox and the index
+    run them concurrently / vectorized); a call to a tool the task's family does not offer gets
+    an error observation instead of running (and the reward's tool_misuse term counts it)."""
+    results: list[ToolResult | None] = [None] * len(calls)
+    for name in dict.fromkeys(n for _, n, _ in calls):
+        index = [i for i, (episode, n, _) in enumerate(calls) if n == name and n in TOOLS_BY_FAMILY.get(episode.task["family"], ()) and n in tools]
+        for i, result in zip(index, tools[name].call_many([calls[i][2] for i in index]) if index else []):
+            results[i] = result
+    return [r if r is not None else ToolResult(f"unknown tool {name}\n", "unknown_tool", 0.0) for r, (_, name, _) in zip(results, calls)]
 
 
 def run_episodes(
@@ -103,17 +117,19 @@ def run_episodes(
     tasks: list[dict],
     *,
     group_size: int,
-    tool: CodeInterpreter,
+    tools: Mapping[str, Tool],
     cfg: RolloutConfig,
     generator: torch.Generator | None = None,
     greedy: bool = False,
     temperature: float | None = None,
     group_prefix: str = "",
 ) -> list[Episode]:
-    """Roll out `group_size` episodes per task (one GRPO group per task)."""
+    """Roll out `group_size` episodes per task (one GRPO group per task). `tools` maps a tool
+    name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY)."""
     tags = tag_ids(tokenizer)
     eos = tokenizer.eos_token_id
-    stop_ids = {tags[CODE_CLOSE], tags[ANSWER_CLOSE], eos}
+    closing = {tags[TOOL_TAGS[name][1]]: name for name in TOOL_TAGS}  # every tool tag stops a turn
+    stop_ids = {*closing, tags[ANSWER_CLOSE], eos}
     episodes = [
         Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=tokenizer.encode(t["prompt"], add_special_tokens=False))
         for t in tasks
@@ -131,25 +147,25 @@ def run_episodes(
             temperature=temperature or cfg.temperature, greedy=greedy, generator=generator,
         )
         # 2. record sampled tokens (mask 1) and decide how each turn ended
-        calls: list[tuple[Episode, str]] = []
+        calls: list[tuple[Episode, str, str]] = []
         for episode, ids, logps in zip(active, turn_ids, turn_logps):
             episode.extend(ids, 1, logps)
             episode.turns += 1
             last = ids[-1] if ids else None
-            if last == tags[CODE_CLOSE]:
-                calls.append((episode, _code_of_turn(tokenizer, ids, tags[CODE_OPEN])))
+            if last in closing:
+                name = closing[last]
+                calls.append((episode, name, _call_of_turn(tokenizer, ids, tags[TOOL_TAGS[name][0]])))
             else:
                 episode.stop_reason = {tags[ANSWER_CLOSE]: "answer", eos: "eos"}.get(last, "max_tokens")
-        # 3. run this turn's tool calls together; append observations (mask 0)
-        results = tool.call_many([code for _, code in calls])
-        for (episode, code), result in zip(calls, results):
-            obs_ids = encode_observation(tokenizer, result.observation)
+        # 3. run this turn's tool calls together, batched per tool; append observations (mask 0)
+        for (episode, name, args), result in zip(calls, _dispatch(tools, calls)):
+            obs_ids = encode_observation(tokenizer, result.observation, name)
             truncated = len(obs_ids) > cfg.max_observation_tokens
             if truncated:  # keep the closing tag so the policy still sees where the output ends
-                obs_ids = obs_ids[: cfg.max_observation_tokens - 1] + [tags[OBS_CLOSE]]
+                obs_ids = obs_ids[: cfg.max_observation_tokens - 1] + [tags[OBSERVATION_TAGS[name][1]]]
             episode.extend(obs_ids, 0)
             episode.tool_calls.append({
-                "name": tool.name, "args": code, "result": result.observation, "error": result.error,
+                "name": name, "args": args, "result": result.observation, "error": result.error,
                 "latency_s": round(result.latency_s, 5), "truncated": truncated,
             })
             if len(episode.prompt_ids) + len(episode.completion_ids) >= cfg.max_total_tokens:

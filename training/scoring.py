@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from environments import TOOLS_BY_FAMILY
+from environments.base import task_view
 from training.rollout import Episode
 from training.sequences import policy_spans
 from verifiers.cascade import Cascade, TierStats, tier_metrics
@@ -48,7 +49,7 @@ def candidate_of(record: dict, tokenizer) -> Candidate:
 
 def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, cascade: Cascade) -> list[dict]:
     """Rows of `verified_rewards`: the total, each component, the deciding tier and why."""
-    items = [(candidate_of(r, tokenizer), tasks_by_id[r["task_id"]]) for r in records]
+    items = [(candidate_of(r, tokenizer), task_view(tasks_by_id[r["task_id"]])) for r in records]
     breakdowns = cascade.score_many(items, keys=[r["trajectory_id"] for r in records])
     rows = []
     for record, (candidate, _), b in zip(records, items, breakdowns):

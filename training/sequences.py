@@ -12,16 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
-from verifiers.protocol import OBS_CLOSE, OBS_OPEN
+from verifiers.protocol import OBSERVATION_TAGS
 
 
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def encode_observation(tokenizer, observation: str) -> list[int]:
-    """The one place tool output becomes ids (SFT data and rollouts share it)."""
-    return encode(tokenizer, OBS_OPEN + observation + OBS_CLOSE)
+def encode_observation(tokenizer, observation: str, tool: str = "code") -> list[int]:
+    """The one place tool output becomes ids (SFT data and rollouts share it), wrapped in the
+    tool's observation tags (`<interpreter>` for code, `<information>` for search)."""
+    open_tag, close_tag = OBSERVATION_TAGS[tool]
+    return encode(tokenizer, open_tag + observation + close_tag)
 
 
 def encode_segments(tokenizer, segments: list[tuple[str, str]]) -> tuple[list[int], list[int]]:

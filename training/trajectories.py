@@ -7,42 +7,83 @@ byte-for-byte what rollouts will append (same sandbox, same formatting, same enc
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator, Mapping
 
-from environments.arithmetic import answer_turn, code_turn, demonstrations
-from environments.tools import CodeInterpreter, wrap_observation
+from configs.schema import TeacherConfig
+from environments.arithmetic import answer_turn, code_turn
+from environments.base import Demonstration
+from environments.families import demonstrations, mixture_counts, with_detours
+from environments.search import KnowledgeBase
+from environments.tools import Tool, ToolResult, wrap_observation
 from training.sequences import encode, encode_observation, encode_segments
+from verifiers.protocol import TOOL_TAGS
 
 
-def tokenizer_corpus(tasks: list[dict]) -> Iterator[str]:
-    """Prompts plus every shape of completion the protocol allows, including an error message
-    so that interpreter tracebacks tokenize into words rather than single letters."""
+def tokenizer_corpus(tasks: list[dict], documents: list[str] = ()) -> Iterator[str]:
+    """Prompts plus every shape of completion the protocol allows (per family), the knowledge
+    base's documents as search observations, and error messages, so that tool output tokenizes
+    into words rather than single letters."""
     for task in tasks:
-        expression = json.loads(task["metadata"])["expression"]
-        yield task["prompt"] + code_turn(f"print({expression})") + wrap_observation(task["answer"] + "\n") + answer_turn(task["answer"])
+        answer = str(task["answer"])
+        if task["family"] == "arithmetic":
+            expression = json.loads(task["metadata"] or "{}").get("expression", answer)  # user files may omit it
+            yield task["prompt"] + code_turn(f"print({expression})") + wrap_observation(answer + "\n") + answer_turn(answer)
+        elif task["family"] == "search":
+            yield task["prompt"] + call_turn("search", answer) + answer_turn(answer)
+        else:
+            yield task["prompt"] + code_turn(answer + "\nprint(f(3))") + answer_turn(answer)
+    for text in documents:
+        yield wrap_observation(text, "search")
     yield wrap_observation("NameError: name 'x' is not defined\nSyntaxError: invalid syntax\nZeroDivisionError: division by zero\n")
+    yield wrap_observation("no results\n", "search")
 
 
-def build_sft_trajectories(tasks: list[dict], tokenizer, tool: CodeInterpreter, *, n: int, seed: int, p_direct: float, hard_levels: tuple[int, ...]) -> list[dict]:
-    """Rows of `sft_trajectories`: ids, tool_mask (0 on the observation), and the teacher's
-    strategy and correctness for the data report."""
-    demos = list(demonstrations(tasks, n, seed=seed, p_direct=p_direct, hard_levels=hard_levels))
+def call_turn(tool: str, args: str) -> str:
+    open_tag, close_tag = TOOL_TAGS[tool]
+    return f"{open_tag}{args}{close_tag}"
+
+
+def run_steps(demos: list[Demonstration], tools: Mapping[str, Tool]) -> list[list[ToolResult]]:
+    """Every demonstration's tool calls through the real tools, batched per tool."""
+    results: list[list[ToolResult | None]] = [[None] * len(d.steps) for d in demos]
+    for name in dict.fromkeys(step.tool for d in demos for step in d.steps):
+        where = [(i, j) for i, d in enumerate(demos) for j, step in enumerate(d.steps) if step.tool == name]
+        for (i, j), result in zip(where, tools[name].call_many([demos[i].steps[j].args for i, j in where])):
+            results[i][j] = result
+    return results  # type: ignore[return-value]
+
+
+def trajectory_ids(tokenizer, demo: Demonstration, results: list[ToolResult]) -> tuple[list[int], list[int], list[int]]:
+    """(completion_ids, tool_mask, loss_mask): each step's call (policy), its observation (tool),
+    the answer. loss_mask is tool_mask with a detour's calls (Step.trained False) zeroed too."""
+    completion_ids: list[int] = []
+    tool_mask: list[int] = []
+    loss_mask: list[int] = []
+    for step, result in zip(demo.steps, results):
+        call_ids, call_mask = encode_segments(tokenizer, [("policy", call_turn(step.tool, step.args))])
+        observation_ids = encode_observation(tokenizer, result.observation, step.tool)
+        completion_ids += call_ids + observation_ids
+        tool_mask += call_mask + [0] * len(observation_ids)
+        loss_mask += [m * int(step.trained) for m in call_mask] + [0] * len(observation_ids)
+    answer_ids, answer_mask = encode_segments(tokenizer, [("policy", answer_turn(demo.answer))])
+    return completion_ids + answer_ids, tool_mask + answer_mask, loss_mask + answer_mask
+
+
+def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Tool], *, teacher: TeacherConfig, seed: int,
+                           kb: KnowledgeBase | None = None) -> list[dict]:
+    """Rows of `sft_trajectories`: ids, tool_mask (0 on observations), and the teacher's strategy
+    and correctness for the data report. Families share `teacher.num_trajectories` by `mixture`."""
+    by_family: dict[str, list[dict]] = {}
+    for task in tasks:
+        by_family.setdefault(task["family"], []).append(task)
+    counts = mixture_counts(teacher, {f: len(ts) for f, ts in by_family.items()})
     by_id = {t["task_id"]: t for t in tasks}
-    results = iter(tool.call_many([d.code for d in demos if d.code is not None]))
+    demos = [d for f, n in counts.items()
+             for d in with_detours(f, list(demonstrations(f, by_family[f], n, seed=seed, teacher=teacher, kb=kb)), by_id, teacher, seed=seed, kb=kb)]
     rows = []
-    for i, demo in enumerate(demos):
+    for i, (demo, results) in enumerate(zip(demos, run_steps(demos, tools))):
         task = by_id[demo.task_id]
-        segments: list[tuple[str, str]] = []
-        if demo.code is not None:
-            segments.append(("policy", code_turn(demo.code)))
-        completion_ids, tool_mask = encode_segments(tokenizer, segments)
-        if demo.code is not None:
-            observation_ids = encode_observation(tokenizer, next(results).observation)
-            completion_ids += observation_ids
-            tool_mask += [0] * len(observation_ids)
-        answer_ids, answer_mask = encode_segments(tokenizer, [("policy", answer_turn(demo.answer))])
-        completion_ids += answer_ids
-        tool_mask += answer_mask
+        completion_ids, tool_mask, loss_mask = trajectory_ids(tokenizer, demo, results)
         rows.append({
             "trajectory_id": f"sft-{i:06d}",
             "task_id": demo.task_id,
@@ -52,6 +93,7 @@ def build_sft_trajectories(tasks: list[dict], tokenizer, tool: CodeInterpreter, 
             "prompt_ids": encode(tokenizer, task["prompt"]),
             "completion_ids": completion_ids,
             "tool_mask": tool_mask,
+            "loss_mask": loss_mask,
             "completion": tokenizer.decode(completion_ids),
             "correct": demo.correct,
         })

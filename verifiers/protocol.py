@@ -6,7 +6,8 @@ A completion is a sequence of policy turns and tool observations:
 
 The policy writes `<code>…</code>` (generation stops at `</code>`), the environment appends
 `<interpreter>…</interpreter>` (masked from the loss), and the policy ends with
-`<answer>…</answer>`. Every tag is a single token in the tokenizer.
+`<answer>…</answer>`. The search tool works the same way: `<search>query</search>`, then
+`<information>passages</information>` (Search-R1's format). Every tag is a single token.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import re
 
 CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
 OBS_OPEN, OBS_CLOSE = "<interpreter>", "</interpreter>"
+SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
+INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-TAGS = (CODE_OPEN, CODE_CLOSE, OBS_OPEN, OBS_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+TAGS = (CODE_OPEN, CODE_CLOSE, OBS_OPEN, OBS_CLOSE, SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 
 # Tool name -> its call tags. A tag-shaped block with any other name is a call to a tool that
 # does not exist (penalized by the `tool_misuse` shaping term). Families add tools here.
-TOOL_TAGS = {"code": (CODE_OPEN, CODE_CLOSE)}
+TOOL_TAGS = {"code": (CODE_OPEN, CODE_CLOSE), "search": (SEARCH_OPEN, SEARCH_CLOSE)}
+# Tool name -> the tags its observation is wrapped in (appended by the environment, masked).
+OBSERVATION_TAGS = {"code": (OBS_OPEN, OBS_CLOSE), "search": (INFO_OPEN, INFO_CLOSE)}
 _NOT_CALLS = {"answer", "think", "interpreter", "information"}  # answers, reasoning, observations
 
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)

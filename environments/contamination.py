@@ -1,0 +1,66 @@
+"""Contamination and duplicates: which benchmark tasks also appear (nearly) in training.
+
+Three tests, cheapest first:
+  exact id      the same content-addressed task id (generated tasks: same text, same id)
+  normalized    the same prompt after NFKC, case folding, and dropping whitespace and punctuation
+                other than arithmetic operators ("Compute 47 + 8?" == "compute 47+8")
+  n-gram        a shared run of `ngram` words (13 by default, the GPT-3 / PaLM contamination
+                test) between prompts that long: catches a benchmark question pasted into a
+                longer training prompt
+Templated synthetic prompts are short and differ only in their numbers or names, so a fuzzy
+similarity threshold would flag distinct tasks; these tests only flag the same question.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+
+_DROP = re.compile(r"[^\w+\-*/=<>%^]")  # keep what changes a math question's meaning
+
+
+def normalize_prompt(text: str) -> str:
+    return _DROP.sub("", unicodedata.normalize("NFKC", text).casefold())
+
+
+def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", unicodedata.normalize("NFKC", text).casefold())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def overlaps(benchmark: Iterable[dict], training: Iterable[dict], *, ngram: int = 13) -> list[dict]:
+    """One row per benchmark task that also appears in training: which training task, and how."""
+    training = list(training)
+    by_id = {str(t["task_id"]): t for t in training}
+    by_text: dict[str, str] = {}
+    by_gram: dict[tuple[str, ...], str] = {}
+    for t in training:
+        by_text.setdefault(normalize_prompt(str(t["prompt"])), str(t["task_id"]))
+        for gram in word_ngrams(str(t["prompt"]), ngram):
+            by_gram.setdefault(gram, str(t["task_id"]))
+    found = []
+    for b in benchmark:
+        bid, prompt = str(b["task_id"]), str(b["prompt"])
+        if bid in by_id:
+            found.append({"benchmark_id": bid, "training_id": bid, "how": "same id"})
+        elif normalize_prompt(prompt) in by_text:
+            found.append({"benchmark_id": bid, "training_id": by_text[normalize_prompt(prompt)], "how": "same normalized prompt"})
+        else:
+            shared = next((by_gram[g] for g in word_ngrams(prompt, ngram) if g in by_gram), None)
+            if shared is not None:
+                found.append({"benchmark_id": bid, "training_id": shared, "how": f"shared {ngram}-word run"})
+    return found
+
+
+def duplicates(rows: Iterable[dict]) -> list[dict]:
+    """Tasks inside one dataset whose normalized prompts collide: (first id, duplicate id)."""
+    seen: dict[str, str] = {}
+    found = []
+    for row in rows:
+        key = normalize_prompt(str(row["prompt"]))
+        if key in seen:
+            found.append({"task_id": str(row["task_id"]), "duplicate_of": seen[key]})
+        else:
+            seen[key] = str(row["task_id"])
+    return found
