@@ -5,10 +5,11 @@ Three tests, cheapest first:
   normalized    the same prompt after NFKC, case folding, and dropping whitespace and punctuation
                 other than arithmetic operators ("Compute 47 + 8?" == "compute 47+8")
   n-gram        a shared run of `ngram` words (13 by default, the GPT-3 / PaLM contamination
-                test) between prompts that long: catches a benchmark question pasted into a
-                longer training prompt
-Templated synthetic prompts are short and differ only in their numbers or names, so a fuzzy
-similarity threshold would flag distinct tasks; these tests only flag the same question.
+                test) between two *long* prompts (at least 2 x ngram words each): catches a
+                benchmark passage pasted into a training prompt
+Templated synthetic prompts are short and differ only in a number or a name, so neither a fuzzy
+similarity threshold nor n-grams over short prompts can tell a copy from a sibling task ("... x
+minus 1" vs "... x minus 2" share 14 of 15 words); short prompts are compared whole.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def overlaps(benchmark: Iterable[dict], training: Iterable[dict], *, ngram: int 
     by_gram: dict[tuple[str, ...], str] = {}
     for t in training:
         by_text.setdefault(normalize_prompt(str(t["prompt"])), str(t["task_id"]))
-        for gram in word_ngrams(str(t["prompt"]), ngram):
-            by_gram.setdefault(gram, str(t["task_id"]))
+        if _long(str(t["prompt"]), ngram):
+            for gram in word_ngrams(str(t["prompt"]), ngram):
+                by_gram.setdefault(gram, str(t["task_id"]))
     found = []
     for b in benchmark:
         bid, prompt = str(b["task_id"]), str(b["prompt"])
@@ -46,11 +48,15 @@ def overlaps(benchmark: Iterable[dict], training: Iterable[dict], *, ngram: int 
             found.append({"benchmark_id": bid, "training_id": bid, "how": "same id"})
         elif normalize_prompt(prompt) in by_text:
             found.append({"benchmark_id": bid, "training_id": by_text[normalize_prompt(prompt)], "how": "same normalized prompt"})
-        else:
+        elif _long(prompt, ngram):
             shared = next((by_gram[g] for g in word_ngrams(prompt, ngram) if g in by_gram), None)
             if shared is not None:
                 found.append({"benchmark_id": bid, "training_id": shared, "how": f"shared {ngram}-word run"})
     return found
+
+
+def _long(prompt: str, ngram: int) -> bool:
+    return len(re.findall(r"\w+", prompt)) >= 2 * ngram
 
 
 def duplicates(rows: Iterable[dict]) -> list[dict]:

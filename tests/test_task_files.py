@@ -88,10 +88,13 @@ def test_urls_go_through_fsspec():
 
 def test_overlaps_by_id_normalized_prompt_and_long_ngram():
     training = [{"task_id": "t1", "prompt": "compute 47+8\n"}, {"task_id": "t2", "prompt": "write f(x) that returns x plus 7\n"},
-                {"task_id": "t3", "prompt": "Background. " + " ".join(f"w{i}" for i in range(20)) + " so what is it?"}]
+                {"task_id": "t3", "prompt": "Background. " + " ".join(f"w{i}" for i in range(30)) + " so what is it?"},
+                {"task_id": "t4", "prompt": "write f(x) that returns x plus 4 if x is even else x minus 1 and then add 2 more"}]
     benchmark = [{"task_id": "t1", "prompt": "anything"}, {"task_id": "b2", "prompt": "Compute 47 + 8?"},
-                 {"task_id": "b3", "prompt": "Q: " + " ".join(f"w{i}" for i in range(3, 17))},
+                 {"task_id": "b3", "prompt": "Q: " + " ".join(f"w{i}" for i in range(3, 17)) + " and more " * 8},
+                 {"task_id": "b6", "prompt": " ".join(f"w{i}" for i in range(3, 17))},  # short: compared whole only
                  {"task_id": "b4", "prompt": "compute 47+9\n"}, {"task_id": "b5", "prompt": "write f(x) that returns x plus 8\n"}]
+    benchmark.append({"task_id": "b7", "prompt": "write f(x) that returns x plus 4 if x is even else x minus 1 and then add 3 more"})
     found = {f["benchmark_id"]: (f["training_id"], f["how"]) for f in overlaps(benchmark, training, ngram=13)}
     assert found == {"t1": ("t1", "same id"), "b2": ("t1", "same normalized prompt"), "b3": ("t3", "shared 13-word run")}
 
