@@ -95,6 +95,14 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
         _Col("doc_id", "str"),
         _Col("text", "str"),
     ),
+    "task_pool": (
+        _Col("task_id", "str", unique=True, nonblank=True),
+        _Col("family", "str", value_set=_FAMILIES),
+        _Col("level", "int", min_value=1, max_value=_MAX_LEVEL),
+        _Col("attempts", "int", min_value=0),
+        _Col("rounds", "int", min_value=0),
+        _Col("last_round", "int", min_value=0),
+    ),
     "rollout_batches": (
         *_COMMON_TRAJECTORY_HEAD,
         _Col("group_id", "str"),

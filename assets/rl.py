@@ -126,4 +126,5 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     })
 
 
+task_pool_contract = contract_check("task_pool", "task_pool", partitions_def=rl_rounds, families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
 rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds, families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)

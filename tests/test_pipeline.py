@@ -63,7 +63,8 @@ def test_micro_flywheel_end_to_end(home):
         assert instance.get_latest_materialization_event(AssetKey(key)) is not None, f"{key} was not materialized"
     for asset, check in [("training_tasks", "tasks_contract"), ("benchmark_tasks", "tasks_contract"),
                          ("training_tasks", "training_disjoint_from_benchmark"), ("sft_trajectories", "sft_trajectories_contract"),
-                         ("rollout_batches", "rollout_batches_contract")]:
+                         ("rollout_batches", "rollout_batches_contract"), ("knowledge_base", "knowledge_base_contract"),
+                         ("task_pool", "task_pool_contract")]:
         records = instance.event_log_storage.get_asset_check_execution_history(_check_key(asset, check), limit=1)
         assert records and records[0].status.value == "SUCCEEDED", f"check {check} on {asset}"
 
