@@ -62,3 +62,20 @@ def test_s3_through_s3fs(s3_bucket, tmp_path):
     assert not store.is_local
     _roundtrip_folder(store)
     assert (tmp_path / "cache").exists(), "remote checkpoints are downloaded into the cache"
+
+
+def test_task_file_from_s3(s3_bucket):
+    """Users' task files load from s3:// like local ones, and bad rows are still named."""
+    import json
+
+    import fsspec
+
+    from environments.task_files import TaskFileError, load_task_file
+
+    good = {"task_id": "s1", "family": "arithmetic", "level": 2, "prompt": "compute 83-29\n", "answer": "54"}
+    with fsspec.open(f"{s3_bucket}/tasks.jsonl", "w") as f:
+        f.write(json.dumps(good) + "\n" + json.dumps({**good, "task_id": "s2", "level": "two"}) + "\n")
+    with pytest.raises(TaskFileError, match=r"row 2: field 'level': expected an integer, got 'two'"):
+        load_task_file(f"{s3_bucket}/tasks.jsonl")
+    pd.DataFrame([good]).to_parquet(f"{s3_bucket}/tasks.parquet")
+    assert load_task_file(f"{s3_bucket}/tasks.parquet")["task_id"].tolist() == ["s1"]
