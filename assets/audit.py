@@ -23,8 +23,10 @@ from training.model import load_tokenizer
 from training.scoring import disagreements, reward_summary, score_records, tier_table
 from verifiers.cascade import Cascade
 
-# The default audit: exact numeric equality (no tolerance, no symbolic rewriting) as the strict tier.
-STRICT_DEFAULT = ["reward.strict.verifiers={arithmetic: {name: numeric, params: {rel_tol: 0.0}}}", "reward.strict.select=all"]
+# The default audit, as a strict tier on every candidate: exact numeric equality for arithmetic (no
+# tolerance, no symbolic rewriting), and code re-run with the held-out tests (hard-coded answers fail).
+STRICT_DEFAULT = ["reward.strict.verifiers={arithmetic: {name: numeric, params: {rel_tol: 0.0}}, "
+                  "code: {name: unit_tests, params: {groups: [fail_to_pass, pass_to_pass, held_out]}}}", "reward.strict.select=all"]
 
 
 class AuditConfig(Config):
