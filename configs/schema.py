@@ -154,7 +154,7 @@ class CurriculumConfig(_Strict):
 class RLConfig(_Strict):
     algorithm: Literal["grpo"] = "grpo"
     # Names of registered functions in training/rl_math.py (a test keeps the two lists equal).
-    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
     policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
     loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     rounds: int = Field(2, ge=1, description="RL rounds run by `make run`; each is one Dagster partition.")

@@ -6,7 +6,7 @@ import torch
 
 from training.rl_math import (
     AGG_MODES, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry, agg_loss, agg_normalizers,
-    entropy_from_logits, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty,
+    entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, value_loss,
     masked_mean, token_logprobs,
 )
 
@@ -313,7 +313,7 @@ def test_gspo_token_form_gradient_equals_sequence_objective():
 # ----------------------------------------------------------------------------- registry
 @pytest.mark.parametrize("getter, expected", [
     (get_policy_loss, ["gspo", "ppo_clip"]),
-    (get_advantage_estimator, ["dr_grpo", "grpo", "rloo"]),
+    (get_advantage_estimator, ["dr_grpo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"]),
 ])
 def test_registry_unknown_name_lists_available(getter, expected):
     for exc in (KeyError, ValueError):
@@ -335,3 +335,53 @@ def test_registry_generic_behaviour():
         reg.register("a")(lambda: 2)
     with pytest.raises(KeyError, match="unknown widget 'b'; available: a"):
         reg.get("b")
+
+
+# ----------------------------------------------------------------------- REINFORCE++, GAE, value loss
+def test_reinforce_pp_whitens_over_the_whole_batch():
+    # mean .5, unbiased std sqrt(1/3): A = +-.5 / .57735 = +-.86603
+    adv = get_advantage_estimator("reinforce_pp")(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]))
+    _close(adv, [0.86603, -0.86603, 0.86603, -0.86603], atol=1e-4)
+    assert torch.equal(get_advantage_estimator("reinforce_pp")(torch.tensor([0.3, 0.3]), torch.tensor([0, 1])), torch.zeros(2))
+
+
+def test_reinforce_pp_baseline_centers_per_group_then_whitens_globally():
+    # g0 = [1, 0] -> [.5, -.5]; g1 = [1, 1] constant -> 0; std of the live [.5, -.5] = sqrt(.5)
+    adv = get_advantage_estimator("reinforce_pp_baseline")(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    _close(adv, [0.70711, -0.70711, 0.0, 0.0], atol=1e-4)
+
+
+@pytest.mark.parametrize("gamma, lam, expected_adv", [
+    (1.0, 1.0, [0.5, 0.4, 0.0, 0.2]),      # returns are the outcome (1.0) on every policy token
+    (0.9, 0.5, [0.1345, 0.21, 0.0, 0.2]),  # t3: 1-.8; t1: .9*.8-.6 + .45*.2; t0: .9*.6-.5 + .45*.21
+])
+def test_gae_by_hand_skips_tool_tokens(gamma, lam, expected_adv):
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 9.0, 0.8]])  # 9.0 sits on a tool token: must be ignored
+    mask = torch.tensor([[1, 1, 0, 1]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=gamma, lam=lam)
+    _close(adv[0], expected_adv, atol=1e-6)
+    _close(ret[0], [a + v if m else 0.0 for a, v, m in zip(expected_adv, [0.5, 0.6, 9.0, 0.8], [1, 1, 0, 1])], atol=1e-6)
+
+
+def test_gae_matches_a_reference_over_compacted_tokens():
+    g = torch.Generator().manual_seed(3)
+    rewards, values = torch.randn(4, 12, generator=g), torch.randn(4, 12, generator=g)
+    mask = (torch.rand(4, 12, generator=g) > 0.3).long()
+    adv, _ = gae_advantages(rewards, values, mask, gamma=0.95, lam=0.9)
+    for b in range(4):
+        live = [t for t in range(12) if mask[b, t]]
+        expected, running = {}, 0.0
+        for i in reversed(range(len(live))):
+            t = live[i]
+            next_v = float(values[b, live[i + 1]]) if i + 1 < len(live) else 0.0
+            running = float(rewards[b, t]) + 0.95 * next_v - float(values[b, t]) + 0.95 * 0.9 * running
+            expected[t] = running
+        _close(adv[b], [expected.get(t, 0.0) for t in range(12)], atol=1e-5)
+
+
+def test_value_loss_clipped_by_hand():
+    # token 0: (1-0)^2 = 1 either way; token 1: unclipped 0, clipped V=1.5 -> .25; mean .625 -> loss .3125
+    loss, metrics = value_loss(torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 2.0]]),
+                               torch.tensor([[1, 1]]), clip=0.5)
+    assert loss.item() == pytest.approx(0.3125) and metrics["value_clip_frac"] == pytest.approx(0.5)

@@ -122,3 +122,11 @@ def test_generated_tasks_are_distinct_and_disjoint():
     assert len({t["task_id"] for t in train}) == 500
     assert not {t["task_id"] for t in train} & {t["task_id"] for t in bench}
     assert {t["level"] for t in train} == {1, 2, 3, 4}
+
+
+def test_repeat_rate_counts_trajectories_identical_within_their_group():
+    from training.grpo import repeat_rate
+
+    rows = [{"group_id": "a", "completion_ids": [1, 2]}, {"group_id": "a", "completion_ids": [1, 2]}, {"group_id": "a", "completion_ids": [3]},
+            {"group_id": "b", "completion_ids": [3]}]
+    assert repeat_rate(rows) == 0.5 and repeat_rate([]) == 0.0

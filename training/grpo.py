@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -93,6 +94,16 @@ def policy_update(policy, reference, optimizer, records: list[dict], advantages:
     return sums
 
 
+def repeat_rate(records: list[dict]) -> float:
+    """Fraction of trajectories identical (same completion ids) to another one of their group: the
+    Echo Trap (RAGEN) shows up as groups collapsing onto one trajectory before reward falls."""
+    by_group: dict[str, Counter] = {}
+    for r in records:
+        by_group.setdefault(r["group_id"], Counter())[tuple(r["completion_ids"])] += 1
+    repeated = sum(count for group in by_group.values() for count in group.values() if count > 1)
+    return repeated / len(records) if records else 0.0
+
+
 def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]:
     n = len(records)
     rewards = torch.tensor([s["reward"] for s in scores])
@@ -111,6 +122,7 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
         "rollout/turns": sum(r["turns"] for r in records) / n,
         "rollout/completion_len": sum(len(r["completion_ids"]) for r in records) / n,
         "rollout/policy_tokens": sum(policy_tokens) / n,
+        "rollout/repeat_rate": repeat_rate(records),
     }
 
 

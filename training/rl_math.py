@@ -150,6 +150,70 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) ->
     return torch.where(constant, 0.0, scale * (rewards - mean))
 
 
+def _batch_whiten(x: Tensor, eps: float) -> Tensor:
+    """(x - mean) / (std + eps) over the whole batch; a constant batch gives exactly 0."""
+    if x.numel() < 2 or bool((x == x[0]).all()):
+        return torch.zeros_like(x)
+    return (x - x.mean()) / (x.std() + eps)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++ (Hu 2025, OpenRLHF): no critic, no per-prompt baseline; the outcome reward is
+    whitened over the *global* batch, which stabilizes the scale across prompts of different
+    difficulty without GRPO's per-group std (and its bias toward easy/hard groups).
+    Outcome rewards are one value per sequence, so whitening is per sequence. (N,) -> (N,)."""
+    return _batch_whiten(rewards.to(torch.promote_types(rewards.dtype, torch.float32)), eps)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++ with a group baseline (verl's `reinforce_plus_plus_baseline`): subtract the
+    group mean (as Dr.GRPO), then whiten over the global batch. Constant groups stay exactly 0."""
+    mean, _, _, constant = _group_moments(rewards, group_ids)
+    centered = torch.where(constant, 0.0, rewards - mean)
+    live = ~constant
+    if int(live.sum()) < 2:
+        return torch.zeros_like(centered)
+    scale = centered[live].std()
+    return torch.where(constant, 0.0, centered / (scale + eps))
+
+
+def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over policy tokens, (B, T) each.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t ;  A_t = delta_t + gamma * lam * A_{t+1}
+    Positions where mask == 0 (tool output, padding) are skipped: the recursion jumps from one
+    policy token to the next policy token, so an observation between two turns does not count as
+    time steps (the critic is on the same tokens as the policy). Returns (advantages, returns),
+    returns = advantages + values; both 0 where mask == 0. A plain reverse loop over T: T is a few
+    hundred tokens and readability wins (tests compare it with a hand computation)."""
+    m = _bool_mask(mask)
+    advantages = torch.zeros_like(values, dtype=torch.float32)
+    next_value = torch.zeros(values.shape[0], dtype=torch.float32)
+    next_adv = torch.zeros(values.shape[0], dtype=torch.float32)
+    for t in reversed(range(values.shape[1])):
+        live = m[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(live, adv_t, 0.0)
+        next_value = torch.where(live, values[:, t].float(), next_value)
+        next_adv = torch.where(live, adv_t, next_adv)
+    returns = torch.where(m, advantages + values, 0.0)
+    return advantages, returns
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float) -> tuple[Tensor, dict[str, float]]:
+    """PPO's clipped value loss (as in verl / OpenRLHF): 0.5 * max((V - R)^2, (V_clip - R)^2) with
+    V_clip = old_V + clip(V - old_V, -clip, clip), averaged over policy tokens."""
+    m = _bool_mask(mask)
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    unclipped_err, clipped_err = (values - returns) ** 2, (clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped_err, clipped_err), m)
+    clip_frac = masked_mean((clipped_err > unclipped_err).float(), m)
+    return loss, {"value_clip_frac": float(clip_frac)}
+
+
 # --------------------------------------------------------------------------- token helpers
 def _scaled_logits(logits: Tensor, temperature: float) -> Tensor:
     if temperature <= 0:
