@@ -78,8 +78,10 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     round_index = int(context.partition_key)
     init, init_version = starting_point(tracker, sft_checkpoint, cfg.rl.init_from)
     policy, tok = load_checkpoint(storage, init, cfg.model.dtype)
-    reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype)
-    reference.requires_grad_(False).eval()
+    reference = None  # rl.kl_coef = 0: no KL term, so the reference model is never loaded
+    if cfg.rl.kl_coef > 0:
+        reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype)
+        reference.requires_grad_(False).eval()
     tasks = records(training_tasks)
     history = previous_pool(context, storage, round_index)
     weights = pool_weights([t["task_id"] for t in tasks], history, cfg.rl.curriculum)

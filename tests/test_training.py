@@ -82,7 +82,6 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     negative one falls (the sign of the policy gradient, end to end through the real model)."""
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1)
-    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1).requires_grad_(False)
     episodes = run_episodes(policy, tok, tasks[:1], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
 
@@ -93,7 +92,8 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
 
     before = seq_logprob()
     rl = micro_cfg.rl.model_copy(update={"learning_rate": 1e-2, "minibatches": 1, "kl_coef": 0.0})
-    metrics = policy_update(policy, reference, torch.optim.AdamW(policy.parameters(), lr=1e-2), records, torch.tensor([1.0, -1.0]), rl,
+    # kl_coef = 0: no reference model at all (None), as rl_round does
+    metrics = policy_update(policy, None, torch.optim.AdamW(policy.parameters(), lr=1e-2), records, torch.tensor([1.0, -1.0]), rl,
                             temperature=1.0, pad_id=tok.eos_token_id, generator=torch.Generator().manual_seed(0), max_tokens=160)
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
