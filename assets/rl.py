@@ -22,7 +22,7 @@ from assets.tracking import CHAMPION, MLflowTracker
 from configs.schema import FAMILY_LEVELS
 from environments.families import build_tools
 from environments.search import kb_from_rows
-from training.curriculum import HISTORY_COLUMNS, pool_weights, task_weight, update_history
+from training.curriculum import pool_frame, pool_weights, update_history
 from training.grpo import train_round
 from training.model import save_checkpoint
 from training.scoring import reward_summary, tier_table
@@ -47,17 +47,6 @@ def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_
         if frame is not None:
             return {str(r["task_id"]): r for r in frame.to_dict("records") if r["attempts"] > 0}
     return {}
-
-
-def pool_frame(history: dict[str, dict], tasks: list[dict], curriculum) -> pd.DataFrame:
-    """Every training task with its history (zeros when never tried) and its next-round weight."""
-    rows = []
-    for t in tasks:
-        h = history.get(t["task_id"]) or {"attempts": 0, "successes": 0.0, "pass_rate": float("nan"), "rounds": 0, "last_round": 0}
-        rows.append({"task_id": t["task_id"], "family": t["family"], "level": int(t["level"]), "attempts": int(h["attempts"]),
-                     "successes": float(h["successes"]), "pass_rate": float(h["pass_rate"]), "rounds": int(h["rounds"]),
-                     "last_round": int(h["last_round"]), "weight": task_weight(h if h["attempts"] else None, curriculum) if curriculum.enabled else 1.0})
-    return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
 
 
 @multi_asset(

@@ -109,7 +109,8 @@ def mixture_counts(teacher: TeacherConfig, task_counts: Mapping[str, int]) -> di
     """SFT trajectories per family: `teacher.mixture` shares (default: as the training tasks),
     rounded so they sum to `teacher.num_trajectories`."""
     present = [f for f in task_counts if task_counts[f] > 0]
-    weights = {f: (teacher.mixture or {}).get(f, 0.0) if teacher.mixture else float(task_counts[f]) for f in present}
+    shares = teacher.mixture if teacher.mixture is not None else task_counts
+    weights = {f: float(shares.get(f, 0.0)) for f in present}
     total = sum(weights.values())
     if total <= 0:
         raise ValueError(f"teacher.mixture gives no weight to the families with training tasks ({present})")

@@ -55,3 +55,14 @@ def test_sampling_follows_weights_without_repeats():
     assert counts["t2"] > 1.8 * max(counts[f"t{i}"] for i in range(3, 10))
     assert len(sample_prompts(tasks[:2], {"t0": 0.0, "t1": 0.0}, 3, rng)) == 2  # zero weights still fill when nothing else is left
     assert math.isclose(sum(counts.values()), 6000)
+
+
+def test_pool_frame_lists_every_task_with_its_next_weight():
+    from training.curriculum import pool_frame
+
+    tasks = [{"task_id": t, "family": "code", "level": 1} for t in ("solved", "mixed", "new")]
+    h = update_history([], rows("solved", [1] * 8, "code", 1) + rows("mixed", [1, 0] * 4, "code", 1), 1)
+    pool = pool_frame(h, tasks, CurriculumConfig()).set_index("task_id")
+    assert pool["weight"].to_dict() == {"solved": 0.0, "mixed": 1.0, "new": 1.0}
+    assert pool.loc["new", "attempts"] == 0 and math.isnan(pool.loc["new", "pass_rate"]) and pool.loc["mixed", "pass_rate"] == 0.5
+    assert set(pool_frame(h, tasks, CurriculumConfig(enabled=False))["weight"]) == {1.0}

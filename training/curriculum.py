@@ -12,7 +12,7 @@ that was tried is accumulated, and the next round draws:
     otherwise                         weight 1, or 4 p (1 - p) with `weighting: variance`
                                       (the expected reward variance of a group, max 1 at p = 1/2)
 
-Pure functions over plain rows; the `rl_round` asset stores the history as `task_pool`.
+Pure functions over plain rows; `pool_frame` is the table the `rl_round` asset stores as `task_pool`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping
+
+import pandas as pd
 
 from configs.schema import CurriculumConfig
 
@@ -77,3 +79,14 @@ def sample_prompts(tasks: list[dict], weights: Mapping[str, float], k: int, rng:
         keyed.append((rng.random() ** (1.0 / w) if w > 0 else -rng.random(), task))
     keyed.sort(key=lambda pair: pair[0], reverse=True)
     return [task for _, task in keyed[: min(k, len(tasks))]]
+
+
+def pool_frame(history: Mapping[str, Mapping], tasks: list[dict], cfg: CurriculumConfig) -> pd.DataFrame:
+    """Every training task with its history (zeros when never tried) and its next-round weight."""
+    rows = []
+    for t in tasks:
+        h = history.get(t["task_id"]) or {"attempts": 0, "successes": 0.0, "pass_rate": float("nan"), "rounds": 0, "last_round": 0}
+        rows.append({"task_id": t["task_id"], "family": t["family"], "level": int(t["level"]), "attempts": int(h["attempts"]),
+                     "successes": float(h["successes"]), "pass_rate": float(h["pass_rate"]), "rounds": int(h["rounds"]),
+                     "last_round": int(h["last_round"]), "weight": task_weight(h if h["attempts"] else None, cfg) if cfg.enabled else 1.0})
+    return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))

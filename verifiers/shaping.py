@@ -38,6 +38,8 @@ SHAPING_TERMS: dict[str, ShapingFn] = {}
 
 def register_term(name: str):
     def decorate(fn: ShapingFn) -> ShapingFn:
+        if name in SHAPING_TERMS:
+            raise ValueError(f"shaping term {name!r} is already registered")
         SHAPING_TERMS[name] = fn
         return fn
 
