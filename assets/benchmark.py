@@ -6,7 +6,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.plots import bars_png, markdown_image
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
-from assets.rl import rl_rounds
+from assets.rl import rl_rounds, round_health
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHALLENGER, CHAMPION, MLflowTracker
 from environments.families import build_tools
@@ -17,7 +17,8 @@ from verifiers.cascade import Cascade
 
 def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                          tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, knowledge_base: pd.DataFrame, stage: str,
-                         asset_name: str) -> Output[dict]:
+                         asset_name: str, blocked_by: str = "") -> Output[dict]:
+    """`blocked_by`: why this checkpoint may not be promoted whatever its score (empty: it may)."""
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, pointer, cfg.model.dtype)
@@ -37,26 +38,30 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
     champion = tracker.version_by_alias(CHAMPION)
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
     decision = promotion_decision(per_task, champion_scores, bench.confidence, bench.promotion_margin)
+    if blocked_by:  # a collapsed round is never promoted, however it scores (rl.collapse.action: block)
+        decision = {**decision, "promote": False}
     with tracker.run(context, asset_name, {"benchmark": bench.model_dump(), "stage": stage, "checkpoint": pointer["uri"]}) as run_id:
         tracker.log_metrics(run_id, {**summary, **{f"vs_champion/{k}": float(v) for k, v in decision.items()}})
         tracker.log_json(run_id, per_task, "per_task_scores.json")
         version = tracker.register_checkpoint(run_id, storage.local_path(pointer["uri"]), {
             "stage": stage, "round": context.partition_key if context.has_partition_key else "", "checkpoint_uri": pointer["uri"],
-            "promoted": str(bool(decision["promote"])).lower(),
+            "promoted": str(bool(decision["promote"])).lower(), **({"blocked_by": blocked_by} if blocked_by else {}),
         })
         tracker.set_alias(CHAMPION if decision["promote"] else CHALLENGER, version.version)
         png = pass_at_1_by_version(tracker)
         tracker.log_png(run_id, png, "pass_at_1_by_version.png")
-    context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}")
+    context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}"
+                     + (f" (promotion blocked: {blocked_by})" if blocked_by else ""))
     level_table = pd.DataFrame([{"family_level": f"{k.split('/')[0]} {k.split('/')[1]}", "metric": k.split("/")[2], "value": v}
                                 for k, v in summary.items() if k.count("/") == 2])
     families = sorted({k.split("/")[0] for k in summary if k.count("/") == 1 and k.endswith("/pass_at_1")})
     return Output(
-        {"stage": stage, "version": str(version.version), "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), **summary, **decision},
+        {"stage": stage, "version": str(version.version), "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), "blocked_by": blocked_by, **summary, **decision},
         metadata={
             "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
             "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],
             "model_version": version.version, "alias": CHAMPION if decision["promote"] else CHALLENGER, "mlflow_run_id": run_id,
+            "promotion_blocked_by": blocked_by or "nothing",
             "diff_vs_champion": MetadataValue.json({k: float(v) for k, v in decision.items()}),
             **{f"{f}_pass_at_1": summary[f"{f}/pass_at_1"] for f in families},
             "by_family": MetadataValue.md(pd.DataFrame({f: {m: summary[f"{f}/{m}"] for m in ("pass_at_1", "pass_at_1_ci_low", "pass_at_1_ci_high", "tool_call_rate")}
@@ -90,5 +95,8 @@ def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSetti
 @asset(group_name="benchmark", partitions_def=rl_rounds, description="A round's RL checkpoint on the held-out benchmark; promotion gate.")
 def benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                      tracker: MLflowTracker, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
+    collapse = settings.config.rl.collapse
+    health = round_health(rl_checkpoint, collapse)
+    blocked_by = f"collapse early-warning ({', '.join(w.signal for w in health.warnings)})" if health.collapsed and collapse.action == "block" else ""
     return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=rl_checkpoint,
-                                tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="rl", asset_name="benchmark_scores")
+                                tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="rl", asset_name="benchmark_scores", blocked_by=blocked_by)

@@ -8,9 +8,16 @@ A round starts from the current `champion` in the MLflow registry (or the SFT ch
 keeps the SFT checkpoint as the frozen KL reference.
 """
 
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
 import pandas as pd
 import torch
-from dagster import AssetExecutionContext, AssetKey, AssetOut, DynamicPartitionsDefinition, MetadataValue, Output, multi_asset
+from dagster import (
+    AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey, AssetOut, DynamicPartitionsDefinition, MetadataValue, Output, asset_check,
+    multi_asset,
+)
 
 from assets.contracts import contract_check
 from assets.data import MAX_LEVEL
@@ -19,17 +26,22 @@ from assets.plots import curves_png, markdown_image
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHAMPION, MLflowTracker
-from configs.schema import FAMILY_LEVELS
+from configs.schema import FAMILY_LEVELS, CollapseConfig
 from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.curriculum import pool_frame, pool_weights, update_history
-from training.grpo import train_round
+from training.algorithms import resolve_algorithm
+from training.collapse import CollapseReport, detect_collapse
+from training.lora import apply_lora, merged
+from training.rl_loop import train_round
 from training.model import save_checkpoint
 from training.scoring import reward_summary, tier_table
 from verifiers.cascade import Cascade
 
 rl_rounds = DynamicPartitionsDefinition(name="rl_round")
-CURVE_KEYS = ["reward/total/mean", "reward/outcome/pass_rate", "actor/entropy", "reward/total/std", "loss/kl", "rollout/tool_call_rate"]
+CURVE_KEYS = ["reward/total/mean", "reward/outcome/pass_rate", "actor/entropy", "reward/total/std", "actor/kl_ref", "rollout/tool_call_rate"]
+# The early-warning signals (training/collapse.py), plotted together so a trend is visible at a glance.
+HEALTH_KEYS = ["actor/entropy", "reward/group_std", "rollout/zero_variance_frac", "rollout/repeat_rate", "actor/approx_kl", "actor/clip_frac", "actor/grad_norm"]
 
 
 def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str) -> tuple[dict, str]:
@@ -67,8 +79,10 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     round_index = int(context.partition_key)
     init, init_version = starting_point(tracker, sft_checkpoint, cfg.rl.init_from)
     policy, tok = load_checkpoint(storage, init, cfg.model.dtype)
-    reference = None  # rl.kl_coef = 0: no KL term, so the reference model is never loaded
-    if cfg.rl.kl_coef > 0:
+    policy = apply_lora(policy, cfg.model.lora)
+    algorithm = resolve_algorithm(cfg.rl)
+    reference = None  # kl_coef = 0 (e.g. DAPO, GSPO): no KL term, so the reference model is never loaded
+    if algorithm.needs_reference:
         reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype)
         reference.requires_grad_(False).eval()
     tasks = records(training_tasks)
@@ -79,19 +93,31 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         shown = ("reward/total/mean", "reward/outcome/pass_rate", "rollout/tool_call_rate", "actor/entropy", "loss/kl", "perf/step_s")
         context.log.info(f"round {round_index} step {step}/{cfg.rl.steps_per_round}: " + ", ".join(f"{k}={metrics[k]:.3f}" for k in shown if k in metrics))
 
-    params = {"rl": cfg.rl.model_dump(), "rollout": cfg.rollout.model_dump(), "reward": cfg.reward.model_dump(), "init_version": init_version}
+    params = {"rl": cfg.rl.model_dump(), "algorithm": asdict(algorithm), "engine": cfg.engine.model_dump(), "rollout": cfg.rollout.model_dump(),
+              "reward": cfg.reward.model_dump(), "init_version": init_version}
+    # Resumable state lives on local disk next to the artifact cache: a re-executed round continues from it.
+    state_dir = Path(storage.cache_dir) / "rl-state" / f"round-{round_index}"
     with tracker.run(context, "rl_round", params) as run_id, sandbox.open() as box:
         result = train_round(policy, reference, tok, tasks,
                              build_tools(sandbox=box, kb=kb_from_rows(records(knowledge_base)), top_k=cfg.data.knowledge_base.top_k), rl=cfg.rl, rollout=cfg.rollout,
                              cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index, policy_version=init_version,
-                             seed=cfg.seed * 1000 + round_index, on_step=log, task_weights=weights)
+                             seed=cfg.seed * 1000 + round_index, on_step=log, task_weights=weights, engine_cfg=cfg.engine, state_dir=state_dir)
+        if result.resumed_from_step:
+            context.log.info(f"round {round_index} resumed from its step-{result.resumed_from_step} state checkpoint")
         tracker.log_history(run_id, result.history)
         summary = reward_summary(result.rewards, result.tier_stats, result.disagreements)
         tracker.log_metrics(run_id, {f"round/{k}": v for k, v in summary.items()})
         png = curves_png(result.history, CURVE_KEYS, f"RL round {round_index} ({cfg.rl.algorithm})")
         tracker.log_png(run_id, png, "rl_curves.png")
+        health = detect_collapse(result.history, cfg.rl.collapse)
+        health_png = curves_png(result.history, HEALTH_KEYS, f"RL round {round_index}: collapse early-warning signals")
+        tracker.log_png(run_id, health_png, "collapse_signals.png")
+        tracker.log_metrics(run_id, {"round/collapse_warnings": float(len(health.warnings))})
+    for warning in health.warnings:
+        context.log.warning(f"round {round_index} collapse early-warning: {warning.message}")
     with storage.writable_dir("checkpoints", "rl", f"round-{round_index}") as (path, uri):
-        save_checkpoint(policy, tok, path)
+        save_checkpoint(merged(policy), tok, path)
+    shutil.rmtree(state_dir, ignore_errors=True)  # the round's output now exists; its resume state is spent
     rewards = pd.DataFrame(result.rewards)
     last = result.history[-1]
     yield Output(pd.DataFrame(result.rollouts), "rollout_batches", metadata={
@@ -112,9 +138,26 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         "weighted_this_round": int(sum(w > 0 for w in weights.values())),
         "pass_rate_by_family_level": MetadataValue.md(pool[pool["attempts"] > 0].groupby(["family", "level"])["pass_rate"].mean().unstack().round(3).to_markdown()),
     })
-    yield Output({"uri": uri, "mlflow_run_id": run_id, "init_version": init_version, "round": round_index}, "rl_checkpoint", metadata={
+    yield Output({"uri": uri, "mlflow_run_id": run_id, "init_version": init_version, "round": round_index, "algorithm": cfg.rl.algorithm,
+                  "history": result.history}, "rl_checkpoint", metadata={
         "uri": uri, "init_version": init_version, "mlflow_run_id": run_id, "final_entropy": last.get("actor/entropy", float("nan")),
+        "algorithm": cfg.rl.algorithm, "resumed_from_step": result.resumed_from_step, "collapse_warnings": len(health.warnings),
+        "collapse_signals": markdown_image(health_png, "collapse early-warning signals"),
     })
+
+
+def round_health(rl_checkpoint: dict, cfg: CollapseConfig) -> CollapseReport:
+    """The collapse report of a stored round (its per-step history travels with the checkpoint)."""
+    return detect_collapse(rl_checkpoint.get("history", []), cfg)
+
+
+@asset_check(asset="rl_checkpoint", partitions_def=rl_rounds, description="Collapse early-warnings (entropy, group reward spread, repeats, KL, "
+             "clip fraction, grad norm): ERROR when rl.collapse.action is block (the benchmark gate then refuses to promote), else WARN.")
+def rl_round_health(settings: FlywheelSettings, rl_checkpoint: dict) -> AssetCheckResult:
+    cfg = settings.config.rl.collapse
+    report = round_health(rl_checkpoint, cfg)
+    return AssetCheckResult(passed=not report.collapsed, severity=AssetCheckSeverity.ERROR if cfg.action == "block" else AssetCheckSeverity.WARN,
+                            description=report.to_markdown(), metadata=report.as_metadata())
 
 
 task_pool_contract = contract_check("task_pool", "task_pool", partitions_def=rl_rounds, families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)

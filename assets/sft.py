@@ -12,6 +12,7 @@ from assets.tracking import MLflowTracker
 from configs.schema import FAMILY_LEVELS
 from environments.families import build_tools
 from environments.search import kb_from_rows
+from training.lora import apply_lora, lora_summary, merged
 from training.model import build_model, load_policy, load_tokenizer, num_parameters, save_checkpoint
 from training.sft import Example, train_sft
 from training.tokenizer import tag_ids, train_tokenizer
@@ -84,21 +85,24 @@ def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, s
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, base_model, cfg.model.dtype)
+    model = apply_lora(model, cfg.model.lora)
     # loss_mask: the policy's own tokens minus the detours (mistakes and alternatives shown, not taught)
     examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(sft_trajectories)]
 
     def log(step: int, metrics: dict[str, float]) -> None:
         context.log.info(f"sft step {step}/{cfg.sft.steps}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
-    with tracker.run(context, "sft_checkpoint", {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "teacher": cfg.teacher.model_dump()}) as run_id:
-        history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, on_log=log)
+    params = {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "teacher": cfg.teacher.model_dump(), "engine": cfg.engine.model_dump()}
+    with tracker.run(context, "sft_checkpoint", params) as run_id:
+        history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=log)
         tracker.log_history(run_id, history)
         png = curves_png(history, ["loss/sft", "perf/grad_norm"], "SFT")
         tracker.log_png(run_id, png, "sft_curves.png")
     with storage.writable_dir("checkpoints", "sft") as (path, uri):
-        save_checkpoint(model, tok, path)
+        save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
     return Output({"uri": uri, "mlflow_run_id": run_id}, metadata={
-        "final_loss": history[-1]["loss/sft"], "steps": cfg.sft.steps, "mlflow_run_id": run_id, "uri": uri,
+        "final_loss": history[-1]["loss/sft"], "steps": cfg.sft.steps, "mlflow_run_id": run_id, "uri": uri, "engine": cfg.engine.kind,
+        "trainable_parameters": int(lora_summary(model)["trainable"]),
         "curves": markdown_image(png, "SFT loss"),
     })
 

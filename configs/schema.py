@@ -97,6 +97,17 @@ class TeacherConfig(_Strict):
     code: CodeTeacher = CodeTeacher()
 
 
+class LoRAConfig(_Strict):
+    """Low-rank adapters (peft) for SFT and RL; checkpoints are saved merged, so serving and vLLM
+    load a plain HF folder."""
+
+    enabled: bool = False
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class ModelConfig(_Strict):
     """Either a small Qwen2 built from config (`source: scratch`) or a HF checkpoint (path or hub id)."""
 
@@ -110,6 +121,7 @@ class ModelConfig(_Strict):
     max_position_embeddings: int = Field(512, ge=32)
     vocab_size: int = Field(320, ge=270, description="Target vocabulary of the trained BPE tokenizer (scratch only).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoRAConfig = LoRAConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelConfig":
@@ -120,6 +132,16 @@ class ModelConfig(_Strict):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         return self
+
+
+class EngineConfig(_Strict):
+    """How gradients are computed and applied (training/engines.py), for SFT and RL alike."""
+
+    kind: Literal["torch", "deepspeed"] = Field("torch", description="torch: plain single-process; deepspeed: ZeRO, multi-process.")
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: bool = Field(False, description="ZeRO optimizer state in CPU memory (stage >= 1).")
+    micro_batch_size: int | None = Field(None, ge=1, description="Rows per forward/backward; gradients accumulate up to the minibatch. None: whole minibatch.")
+    precision: Literal["fp32", "bf16", "auto"] = Field("fp32", description="auto: bf16 where the device supports it (CUDA), else fp32.")
 
 
 class SFTConfig(_Strict):
@@ -151,26 +173,61 @@ class CurriculumConfig(_Strict):
     weighting: Literal["uniform", "variance"] = Field("uniform", description="variance: weight 4p(1-p), GRPO's expected signal.")
 
 
+class PPOConfig(_Strict):
+    """The critic of `rl.algorithm: ppo` (a value head on a copy of the policy, training/critic.py)."""
+
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    value_clip: float = Field(0.2, gt=0)
+    critic_learning_rate: float = Field(1e-3, gt=0, description="The fresh value head needs a faster rate than the policy.")
+    critic_warmup_steps: int = Field(0, ge=0, description="Steps that train only the critic before the policy moves.")
+
+
+class CollapseConfig(_Strict):
+    """Early warnings (RAGEN's Echo Trap): entropy and within-group reward spread fall before reward
+    does. Thresholds are relative to the round's first steps (training/collapse.py)."""
+
+    action: Literal["warn", "block"] = Field("block", description="block: a flagged round's checkpoint is never promoted.")
+    baseline_steps: int = Field(3, ge=1, description="Steps averaged as the round's healthy reference.")
+    window: int = Field(3, ge=1, description="A warning needs this many consecutive steps past a threshold.")
+    entropy_drop: float = Field(0.5, gt=0, lt=1, description="Entropy below this fraction of the baseline.")
+    reward_std_drop: float = Field(0.4, gt=0, lt=1, description="Within-group reward std below this fraction of the baseline.")
+    repeat_rate_max: float = Field(0.6, gt=0, le=1, description="Share of trajectories identical to another in their group.")
+    zero_variance_rise: float = Field(0.3, gt=0, le=1, description="Zero-variance group fraction above baseline + this.")
+    kl_max: float = Field(0.5, gt=0, description="Mean per-token KL to the reference (or to the behaviour policy when beta = 0).")
+    clip_frac_max: float = Field(0.4, gt=0, le=1)
+    grad_norm_spike: float = Field(10.0, gt=1, description="Pre-clip grad norm above this multiple of the baseline.")
+
+
 class RLConfig(_Strict):
-    algorithm: Literal["grpo"] = "grpo"
-    # Names of registered functions in training/rl_math.py (a test keeps the two lists equal).
-    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
-    policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
-    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """`algorithm` picks a registered preset (training/algorithms.py); any field left None takes
+    the preset's value, a set field overrides it."""
+
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "ppo"] = "grpo"
+    # Names of registered functions in training/rl_math.py (a test keeps the lists equal).
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] | None = None
+    policy_loss: Literal["ppo_clip", "gspo"] | None = None
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = None
+    clip_low: float | None = Field(None, ge=0)
+    clip_high: float | None = Field(None, ge=0, description="> clip_low is DAPO's clip-higher: keeps exploration alive.")
+    kl_coef: float | None = Field(None, ge=0, description="beta: weight of the KL to the SFT reference (policy tokens only); 0 never loads the reference.")
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    kl_placement: Literal["loss", "reward"] | None = Field(None, description="loss: a KL term in the loss (GRPO); reward: subtracted from the reward (PPO).")
+    dynamic_sampling: bool | None = Field(None, description="DAPO: drop zero-variance groups and sample more prompts to refill the batch.")
+    max_sampling_rounds: int = Field(3, ge=1, description="Dynamic sampling: generation passes per step before training on what it has.")
     rounds: int = Field(2, ge=1, description="RL rounds run by `make run`; each is one Dagster partition.")
     steps_per_round: int = Field(30, ge=1)
     prompts_per_step: int = Field(32, ge=1)
     group_size: int = Field(8, ge=2, description="Samples per prompt (G in GRPO).")
     learning_rate: float = Field(2e-4, gt=0, description="1e-3 destroys the SFT copying skill on the tiny model.")
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0, description="DAPO clip-higher: > clip_low keeps exploration alive.")
-    kl_coef: float = Field(0.01, ge=0, description="Weight of the K3 KL to the SFT reference (policy tokens only).")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     minibatches: int = Field(2, ge=1)
     grad_clip: float = Field(1.0, gt=0)
-    drop_zero_variance_groups: bool = Field(True, description="Groups with identical rewards carry no GRPO signal.")
+    drop_zero_variance_groups: bool = Field(True, description="Groups with identical rewards carry no group-relative signal.")
     init_from: Literal["champion", "sft"] = Field("champion", description="Where each round starts.")
+    checkpoint_every: int = Field(10, ge=1, description="Steps between resumable state checkpoints within a round.")
+    ppo: PPOConfig = PPOConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
+    collapse: CollapseConfig = CollapseConfig()
 
 
 class VerifierSpec(_Strict):
@@ -267,6 +324,7 @@ class FlywheelConfig(_Strict):
     teacher: TeacherConfig = TeacherConfig()
     model: ModelConfig = ModelConfig()
     sft: SFTConfig = SFTConfig()
+    engine: EngineConfig = EngineConfig()
     rollout: RolloutConfig = RolloutConfig()
     rl: RLConfig = RLConfig()
     reward: RewardConfig = RewardConfig()

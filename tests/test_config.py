@@ -51,11 +51,17 @@ def test_config_choices_match_the_registries():
     from typing import get_args
 
     from configs.schema import RLConfig
-    from training.rl_math import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from training.algorithms import ALGORITHMS
+    from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
-    fields = RLConfig.model_fields
-    assert set(get_args(fields["advantage_estimator"].annotation)) == set(ADVANTAGE_ESTIMATORS.names())
-    assert set(get_args(fields["policy_loss"].annotation)) == set(POLICY_LOSSES.names())
+    def choices(name: str) -> set[str]:  # Literal[...] | None -> the Literal's strings
+        return {value for arg in get_args(RLConfig.model_fields[name].annotation) for value in (get_args(arg) or (arg,)) if isinstance(value, str)}
+
+    assert choices("algorithm") == set(ALGORITHMS.names())
+    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | {"gae"}  # gae: token-level, needs the critic
+    assert choices("policy_loss") == set(POLICY_LOSSES.names())
+    assert choices("loss_agg_mode") == set(AGG_MODES.names())
+    assert choices("kl_estimator") == set(KL_ESTIMATORS.names())
 
 
 def test_override_inside_a_default_mapping_keeps_the_rest():

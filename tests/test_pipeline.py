@@ -189,3 +189,36 @@ def test_a_good_user_task_file_trains_end_to_end(home, tmp_path):
     assert len(outcome["rounds"]) == 1 and outcome["rounds"][0]["version"] == "2"
     trained_on = instance_rows(home, "rollout_batches")
     assert set(trained_on["task_id"]) <= {r["task_id"] for r in rows} and set(trained_on["family"]) <= {"arithmetic", "code"}
+
+
+@pytest.mark.slow
+def test_a_collapsing_round_is_flagged_and_not_promoted(home):
+    """Forced collapse (learning rate 250x the default): the early-warning check fails before the
+    reward falls, and the benchmark gate refuses the checkpoint whatever it scores."""
+    from dagster import AssetCheckSeverity, DagsterInstance
+    from mlflow import MlflowClient
+
+    from pipelines.run import run_flywheel
+    from training.collapse import detect_collapse
+
+    overrides = {"rl.learning_rate": 0.05, "rl.steps_per_round": 10, "rl.kl_coef": 0.0, "sft.steps": 200}
+    outcome = run_flywheel("micro", overrides)
+    instance = DagsterInstance.get()
+    check = instance.event_log_storage.get_asset_check_execution_history(_check_key("rl_checkpoint", "rl_round_health"), limit=1)[0]
+    evaluation = check.event.dagster_event.event_specific_data
+    assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
+    assert evaluation.metadata["collapsed"].value == 1
+
+    round_1 = outcome["rounds"][0]
+    assert not round_1["promoted"] and round_1["blocked_by"].startswith("collapse early-warning")
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    assert client.get_model_version_by_alias("agentic-policy", "champion").tags["stage"] == "sft"  # the SFT version stays champion
+    blocked = client.get_model_version("agentic-policy", round_1["version"])
+    assert blocked.tags["promoted"] == "false" and blocked.tags["blocked_by"].startswith("collapse")
+
+    from configs import load_profile
+    from pipelines.definitions import build_definitions
+
+    checkpoint = build_definitions("micro", overrides).load_asset_value("rl_checkpoint", instance=instance, partition_key="1")
+    report = detect_collapse(checkpoint["history"], load_profile("micro", overrides).rl.collapse)
+    assert report.reward_drop_step is None or report.first_warning_step < report.reward_drop_step

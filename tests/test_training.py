@@ -3,7 +3,7 @@ import torch
 
 from environments.arithmetic import generate_tasks
 from environments.tools import CodeInterpreter, toolbox
-from training.grpo import compute_advantages, policy_update, train_round
+from training.rl_loop import Sample, compute_advantages, policy_loss_fn, run_update, train_round
 from training.model import build_model
 from training.rl_math import token_logprobs
 from training.rollout import run_episodes
@@ -11,7 +11,9 @@ from training.scoring import episode_record
 from training.sequences import collate, completion_logits
 from training.sft import Example, sft_loss, train_sft, warmup_cosine
 from training.trajectories import build_sft_trajectories
-from configs.schema import RewardConfig
+from configs.schema import EngineConfig, RewardConfig
+from training.algorithms import resolve_algorithm
+from training.engines import build_engine
 from verifiers.cascade import Cascade
 from configs.schema import TeacherConfig
 
@@ -91,13 +93,15 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
             return (token_logprobs(completion_logits(policy, batch), batch.completion_ids) * batch.loss_mask).sum(-1)
 
     before = seq_logprob()
-    rl = micro_cfg.rl.model_copy(update={"learning_rate": 1e-2, "minibatches": 1, "kl_coef": 0.0})
+    rl = micro_cfg.rl.model_copy(update={"kl_coef": 0.0})
     # kl_coef = 0: no reference model at all (None), as rl_round does
-    metrics = policy_update(policy, None, torch.optim.AdamW(policy.parameters(), lr=1e-2), records, torch.tensor([1.0, -1.0]), rl,
-                            temperature=1.0, pad_id=tok.eos_token_id, generator=torch.Generator().manual_seed(0), max_tokens=160)
+    engine = build_engine(policy, EngineConfig(), lr=1e-2, grad_clip=1.0)
+    samples = [Sample(r, [a] * len(r["completion_ids"])) for r, a in zip(records, (1.0, -1.0))]
+    metrics = run_update(engine, samples, policy_loss_fn(engine, resolve_algorithm(rl), temperature=1.0, pad_id=tok.eos_token_id, max_tokens=160),
+                         minibatches=1, micro_batch_size=None, generator=torch.Generator().manual_seed(0), prefix="actor")
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
-    assert {"loss/policy", "loss/kl", "actor/entropy", "actor/grad_norm", "actor/clip_frac"} <= set(metrics)
+    assert {"loss/policy", "actor/entropy", "actor/grad_norm", "actor/clip_frac"} <= set(metrics)
 
 
 @pytest.mark.parametrize("agg_mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
@@ -125,8 +129,34 @@ def test_generated_tasks_are_distinct_and_disjoint():
 
 
 def test_repeat_rate_counts_trajectories_identical_within_their_group():
-    from training.grpo import repeat_rate
+    from training.rl_loop import repeat_rate
 
     rows = [{"group_id": "a", "completion_ids": [1, 2]}, {"group_id": "a", "completion_ids": [1, 2]}, {"group_id": "a", "completion_ids": [3]},
             {"group_id": "b", "completion_ids": [3]}]
     assert repeat_rate(rows) == 0.5 and repeat_rate([]) == 0.0
+
+
+def test_sft_through_deepspeed_matches_torch_and_micro_batching(sft_rows, tokenizer_and_tasks, micro_cfg):
+    """The SFT loop on the DeepSpeed engine (ZeRO-2, one process, gloo) and micro-batched on the
+    torch engine ends where the plain torch loop ends (same global batch per step)."""
+    tok, _ = tokenizer_and_tasks
+    examples = [Example(r["prompt_ids"], r["completion_ids"], r["tool_mask"]) for r in sft_rows]
+    cfg = micro_cfg.sft.model_copy(update={"steps": 4, "log_every": 1, "warmup_steps": 1})
+    finals = {}
+    for label, engine in [("torch", EngineConfig()), ("torch-micro4", EngineConfig(micro_batch_size=4)),
+                          ("zero2", EngineConfig(kind="deepspeed", zero_stage=2))]:
+        model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=0)
+        history = train_sft(model, examples, cfg, pad_id=tok.eos_token_id, seed=0, engine_cfg=engine)
+        finals[label] = (torch.cat([p.detach().flatten() for p in model.parameters()]), history)
+    reference, history = finals["torch"]
+    for label in ("torch-micro4", "zero2"):
+        params, other = finals[label]
+        assert (params - reference).abs().max() < 1e-4, label  # fp32 + Adam: see tests/test_engines.py for the tolerance
+        assert [h["loss/sft"] for h in other] == pytest.approx([h["loss/sft"] for h in history], rel=1e-4)
+
+
+def test_zero3_is_refused_inside_one_process(tokenizer_and_tasks, micro_cfg):
+    tok, _ = tokenizer_and_tasks
+    model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=0)
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        train_sft(model, [Example([1], [2], [1])], micro_cfg.sft, pad_id=tok.eos_token_id, seed=0, engine_cfg=EngineConfig(kind="deepspeed", zero_stage=3))

@@ -203,13 +203,15 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma
     return advantages, returns
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float) -> tuple[Tensor, dict[str, float]]:
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float,
+               num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped value loss (as in verl / OpenRLHF): 0.5 * max((V - R)^2, (V_clip - R)^2) with
-    V_clip = old_V + clip(V - old_V, -clip, clip), averaged over policy tokens."""
+    V_clip = old_V + clip(V - old_V, -clip, clip), averaged over policy tokens. `num_tokens` is the
+    global count when the batch is split into micro-batches (see agg_loss)."""
     m = _bool_mask(mask)
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     unclipped_err, clipped_err = (values - returns) ** 2, (clipped - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped_err, clipped_err), m)
+    loss = 0.5 * agg_loss(torch.maximum(unclipped_err, clipped_err), m, "token_mean", num_tokens=num_tokens)
     clip_frac = masked_mean((clipped_err > unclipped_err).float(), m)
     return loss, {"value_clip_frac": float(clip_frac)}
 

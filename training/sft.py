@@ -9,7 +9,8 @@ from typing import Callable
 
 import torch
 
-from configs.schema import SFTConfig
+from configs.schema import EngineConfig, SFTConfig
+from training.engines import accumulate_step, build_engine, check_single_process, shard
 from training.rl_math import agg_loss, token_logprobs
 from training.sequences import collate, completion_logits
 
@@ -29,15 +30,16 @@ def warmup_cosine(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
-
-
-def sft_loss(model, examples: list[Example], pad_id: int) -> tuple[torch.Tensor, int]:
-    """Mean negative log-likelihood over policy tokens (tool output and padding masked)."""
+def sft_loss(model, examples: list[Example], pad_id: int, num_tokens: float | torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """Negative log-likelihood over policy tokens (tool output and padding masked), divided by
+    `num_tokens` (the whole batch's count when this is one micro-batch of it; default: this one's)."""
     batch = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], [e.tool_mask for e in examples], pad_id)
     logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids)
-    return agg_loss(-logprobs, batch.loss_mask, "token_mean"), int(batch.loss_mask.sum())
+    return agg_loss(-logprobs, batch.loss_mask, "token_mean", num_tokens=num_tokens), int(batch.loss_mask.sum())
+
+
+def _policy_tokens(examples: list[Example]) -> torch.Tensor:
+    return torch.tensor([float(sum(sum(e.tool_mask) for e in examples))])
 
 
 def train_sft(
@@ -47,39 +49,43 @@ def train_sft(
     *,
     pad_id: int,
     seed: int,
+    engine_cfg: EngineConfig = EngineConfig(),
     on_log: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Returns the logged history; `on_log(step, metrics)` reports progress as it goes."""
+    """Returns the logged history; `on_log(step, metrics)` reports progress as it goes. Gradients go
+    through a `training.engines` engine (plain torch or DeepSpeed, micro-batched if configured);
+    only trainable parameters (all of them, or the LoRA adapters) are optimized."""
     if not examples:
         raise ValueError("no SFT examples")
-    model.train()
-    optimizer = make_optimizer(model, cfg.learning_rate, cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps))
+    check_single_process(engine_cfg)
+    engine = build_engine(model, engine_cfg, lr=cfg.learning_rate, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                          lr_lambda=lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps))
+    engine.train()
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
     start, tokens_seen = time.perf_counter(), 0
+
+    def loss_fn(chunk: list[Example], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, n = sft_loss(engine.module, chunk, pad_id, num_tokens=counts[0])
+        return loss, {"policy_tokens_per_row": n / len(chunk)}  # the engine averages metrics over rows
+
     for step in range(1, cfg.steps + 1):
-        # 1. sample a batch of trajectories
+        # 1. sample a batch of trajectories (every rank draws the same batch, then takes its shard)
         index = torch.randint(len(examples), (cfg.batch_size,), generator=generator).tolist()
-        # 2. loss on policy tokens only
-        loss, num_tokens = sft_loss(model, [examples[i] for i in index], pad_id)
-        # 3. update
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        schedule.step()
-        tokens_seen += num_tokens
+        rows = shard([examples[i] for i in index], engine.rank, engine.world_size)
+        # 2-3. loss on policy tokens only, one optimizer step
+        metrics = accumulate_step(engine, rows, loss_fn, _policy_tokens, micro_batch_size=engine_cfg.micro_batch_size)
+        tokens_seen += int(metrics["policy_tokens_per_row"] * cfg.batch_size)
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - start
             metrics = {
-                "loss/sft": float(loss.detach()),
-                "perf/grad_norm": float(grad_norm),
-                "perf/lr": schedule.get_last_lr()[0],
+                "loss/sft": metrics["loss"],
+                "perf/grad_norm": metrics["grad_norm"],
+                "perf/lr": metrics["lr"],
                 "perf/policy_tokens_per_s": tokens_seen / elapsed,
             }
             history.append({"step": step, **metrics})
             if on_log:
                 on_log(step, metrics)
-    model.eval()
+    engine.eval()
     return history

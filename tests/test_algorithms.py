@@ -1,0 +1,167 @@
+"""RL algorithms as presets: resolution, loop-vs-vectorized estimators, KL placement, dynamic
+sampling, and every algorithm running a real round on the micro model."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from configs.schema import RewardConfig, RLConfig
+from environments.tools import CodeInterpreter, toolbox
+from training.algorithms import ALGORITHMS, resolve_algorithm
+from training.model import build_model
+from training.rl_loop import _first_spread_groups, informative_groups, prepare_samples, recorded_logprobs, token_rewards, train_round
+from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, kl_penalty
+from training.rollout import run_episodes
+from training.scoring import episode_record, score_records
+from verifiers.cascade import Cascade
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_preset_resolves(name):
+    algo = resolve_algorithm(RLConfig(algorithm=name))
+    assert algo.critic == (name == "ppo")
+    assert algo.dynamic_sampling == (name == "dapo")
+    assert algo.needs_reference == (name not in ("dapo", "gspo"))
+
+
+def test_explicit_fields_override_the_preset():
+    algo = resolve_algorithm(RLConfig(algorithm="dapo", loss_agg_mode="seq_mean_token_mean", kl_coef=0.05))
+    assert (algo.loss_agg_mode, algo.kl_coef, algo.clip_high, algo.dynamic_sampling) == ("seq_mean_token_mean", 0.05, 0.28, True)
+    # the critic follows the estimator, whatever the preset
+    assert resolve_algorithm(RLConfig(algorithm="grpo", advantage_estimator="gae")).critic
+    assert not resolve_algorithm(RLConfig(algorithm="ppo", advantage_estimator="rloo")).critic
+
+
+def test_preset_values_follow_the_papers():
+    dapo, gspo, drgrpo, ppo = (resolve_algorithm(RLConfig(algorithm=n)) for n in ("dapo", "gspo", "dr_grpo", "ppo"))
+    assert dapo.clip_high > dapo.clip_low and dapo.loss_agg_mode == "token_mean" and dapo.kl_coef == 0
+    assert gspo.policy_loss == "gspo" and gspo.loss_agg_mode == "seq_mean_token_mean"
+    assert drgrpo.advantage_estimator == "dr_grpo" and drgrpo.loss_agg_mode == "seq_mean_token_sum_norm"
+    assert ppo.advantage_estimator == "gae" and ppo.kl_placement == "reward"
+
+
+# ----------------------------------------------------------------------------- loop == vectorized
+def _loop_estimator(name: str, rewards: list[float], groups: list[int]) -> list[float]:
+    """Straight-from-the-paper loops, one trajectory at a time."""
+    members = {g: [r for r, h in zip(rewards, groups) if h == g] for g in set(groups)}
+    out = []
+    for r, g in zip(rewards, groups):
+        rs = members[g]
+        constant = max(rs) == min(rs)
+        mean = sum(rs) / len(rs)
+        if name == "grpo":
+            out.append(0.0 if constant else (r - mean) / (statistics.stdev(rs) + 1e-6))
+        elif name == "dr_grpo":
+            out.append(0.0 if constant else r - mean)
+        elif name == "rloo":
+            out.append(0.0 if constant else r - (sum(rs) - r) / (len(rs) - 1))
+        elif name == "reinforce_pp":
+            out.append((r - statistics.mean(rewards)) / (statistics.stdev(rewards) + 1e-6))
+        elif name == "reinforce_pp_baseline":
+            out.append(0.0 if constant else r - mean)
+    if name == "reinforce_pp_baseline":
+        live = [a for a, r, g in zip(out, rewards, groups) if max(members[g]) != min(members[g])]
+        scale = statistics.stdev(live)
+        out = [a / (scale + 1e-6) for a in out]
+    return out
+
+
+@pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names())
+def test_estimator_matches_its_loop_form(name):
+    g = torch.Generator().manual_seed(3)
+    groups = torch.randint(0, 7, (48,), generator=g).tolist()
+    rewards = (torch.randint(0, 3, (48,), generator=g).float() / 2).tolist()  # ties and constant groups happen
+    expected = _loop_estimator(name, rewards, groups)
+    actual = get_advantage_estimator(name)(torch.tensor(rewards), torch.tensor(groups))
+    torch.testing.assert_close(actual, torch.tensor(expected), atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- KL placement, sampling
+def test_token_rewards_by_hand():
+    # policy tokens at 0, 1, 3 (2 is a tool observation): -beta*kl there, outcome on the last (3)
+    assert token_rewards(1.0, [0.2, 0.4, 9.0, 0.1], [1, 1, 0, 1], 0.5) == pytest.approx([-0.1, -0.2, 0.0, 1.0 - 0.05])
+    assert token_rewards(1.0, [0.0, 0.0], [0, 0], 0.5) == [0.0, 0.0]  # no policy token: nothing to reward
+
+
+def test_dynamic_sampling_keeps_the_first_groups_with_spread():
+    records = [{"group_id": g} for g in "aabbccdd"]
+    scores = [{"reward": r} for r in (1, 1, 0, 1, 0, 0, 1, 0)]
+    assert informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records]).tolist() == [False, False, True, True, False, False, True, True]
+    kept, _ = _first_spread_groups(records, scores, 1)
+    assert [r["group_id"] for r in kept] == ["b", "b"]
+
+
+@pytest.fixture(scope="module")
+def rollout_batch(tokenizer_and_tasks, micro_cfg, sandbox):
+    tok, tasks = tokenizer_and_tasks
+    policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=4)
+    episodes = run_episodes(policy, tok, tasks[:3], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout,
+                            generator=torch.Generator().manual_seed(0))
+    records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
+    scores = score_records(records, {t["task_id"]: t for t in tasks}, tok, Cascade(RewardConfig(), sandbox))
+    for i, s in enumerate(scores):  # make every group informative, deterministically
+        s["reward"] = float(i % 2)
+    return policy, tok, records, scores
+
+
+def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollout_batch, micro_cfg):
+    policy, tok, records, scores = rollout_batch
+    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=5)
+    rl = RLConfig(algorithm="rloo", kl_coef=0.5, drop_zero_variance_groups=False)
+    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    ref = recorded_logprobs(reference, records, temperature=1.0, pad_id=tok.eos_token_id)
+    adjusted = []
+    for r, s, ref_i in zip(records, scores, ref):
+        kl = kl_penalty(torch.tensor(r["logprobs"]), torch.tensor(ref_i), "k1")
+        adjusted.append(s["reward"] - 0.5 * float((kl * torch.tensor(r["tool_mask"])).sum()))
+    expected = get_advantage_estimator("rloo")(torch.tensor(adjusted), torch.tensor([i // 4 for i in range(len(records))]))
+    torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples]), expected, atol=1e-4, rtol=1e-4)
+    assert metrics["actor/kl_ref"] > 0
+    # in the loss instead: the advantages are the plain outcome ones
+    rl_loss = RLConfig(algorithm="rloo", kl_coef=0.5, kl_placement="loss", drop_zero_variance_groups=False)
+    samples_loss, _ = prepare_samples(records, scores, resolve_algorithm(rl_loss), rl_loss, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    plain = get_advantage_estimator("rloo")(torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))]))
+    torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples_loss]), plain)
+    assert samples_loss[0].ref_logprobs == pytest.approx(ref[0])
+
+
+def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):
+    from training.critic import critic_from_policy
+
+    policy, tok, records, scores = rollout_batch
+    rl = RLConfig(algorithm="ppo", kl_coef=0.0)
+    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, reference=None, critic=critic_from_policy(policy), temperature=1.0, pad_id=tok.eos_token_id)
+    assert metrics["critic/values_mean"] == 0.0  # zero-initialized head
+    for s in samples:
+        assert len(s.advantages) == len(s.record["tool_mask"]) == len(s.returns)
+        assert all(a == 0.0 for a, m in zip(s.advantages, s.record["tool_mask"]) if not m)
+    # with V = 0, gamma = 1: the return at every policy token is the outcome (no KL)
+    s = samples[0]
+    outcome = next(sc["reward"] for sc in scores if sc["trajectory_id"] == s.record["trajectory_id"])
+    assert [rt for rt, m in zip(s.returns, s.record["tool_mask"]) if m][-1] == pytest.approx(outcome)
+
+
+# ----------------------------------------------------------------------------- a real round each
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_algorithm_runs_a_round(name, tokenizer_and_tasks, micro_cfg, sandbox):
+    tok, tasks = tokenizer_and_tasks
+    policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
+    before = [p.detach().clone() for p in policy.parameters()]
+    rl = micro_cfg.rl.model_copy(update={"algorithm": name, "steps_per_round": 2, "prompts_per_step": 3, "group_size": 4})
+    algo = resolve_algorithm(rl)
+    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False) if algo.needs_reference else None
+    # a shaped reward so that groups have spread even for an untrained model
+    result = train_round(policy, reference, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
+                         cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0)
+    last = result.history[-1]
+    assert [h["step"] for h in result.history] == [1, 2]
+    assert all(math.isfinite(v) for h in result.history for v in h.values())
+    if any(h["rollout/trained_trajectories"] for h in result.history):
+        assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters())), "the policy never moved"
+    assert ("critic/value_loss" in last) == algo.critic
+    assert ("actor/kl_ref" in last) == algo.needs_reference
+    assert ("loss/kl" in last) == (algo.needs_reference and algo.kl_placement == "loss" and last["rollout/trained_trajectories"] > 0)
+    if algo.dynamic_sampling:
+        assert last["rollout/sampling_passes"] >= 1

@@ -1,0 +1,413 @@
+"""One RL round: several on-policy steps with the engines loaded once, for every algorithm.
+
+Each step reads top to bottom: 1. generate (and refill, with dynamic sampling), 2. verify,
+3. reference log-probs, values and advantages, 4. update the critic and the policy, 5. log and
+checkpoint. What differs between GRPO, Dr.GRPO, RLOO, REINFORCE++, DAPO, GSPO and PPO is data
+(`training.algorithms.Algorithm`); the math lives in `training.rl_math`; gradients go through a
+`training.engines` engine (plain torch or DeepSpeed). A round killed at any point resumes from its
+last state checkpoint and ends bitwise where an uninterrupted round ends (tests/test_resume.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from configs.schema import EngineConfig, RLConfig, RolloutConfig
+from environments.tools import Tool
+from training.algorithms import Algorithm, resolve_algorithm
+from training.critic import critic_from_policy, token_values
+from training.curriculum import sample_prompts
+from training.engines import accumulate_step, build_engine, check_single_process, shard
+from training.rl_math import (
+    agg_loss, entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, masked_mean,
+    token_logprobs, value_loss,
+)
+from training.rollout import run_episodes
+from training.scoring import episode_record, score_records
+from training.sequences import collate, completion_logits
+from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
+
+
+@dataclass
+class RoundResult:
+    rollouts: list[dict] = field(default_factory=list)
+    rewards: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    tier_stats: dict[str, TierStats] = field(default_factory=dict)  # the whole round's verification
+    disagreements: int = 0
+    resumed_from_step: int = 0  # 0: started fresh
+
+
+@dataclass
+class Sample:
+    """One trajectory chosen for the update, with everything its loss needs (per-token lists)."""
+
+    record: dict
+    advantages: list[float]
+    ref_logprobs: list[float] | None = None
+    old_values: list[float] | None = None
+    returns: list[float] | None = None
+
+
+# --------------------------------------------------------------------------- pure helpers
+def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)[:width]
+    return out
+
+
+def _group_index(group_ids: list[str]) -> torch.Tensor:
+    index = {g: i for i, g in enumerate(dict.fromkeys(group_ids))}
+    return torch.tensor([index[g] for g in group_ids])
+
+
+def informative_groups(rewards: list[float], group_ids: list[str]) -> torch.Tensor:
+    """Per trajectory: does its group have any reward spread? (DAPO keeps only those.)"""
+    _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
+    return std > 1e-6
+
+
+def compute_advantages(rewards: list[float], group_ids: list[str], estimator: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-trajectory outcome advantages, and which trajectories have a group with reward spread."""
+    advantages = get_advantage_estimator(estimator)(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
+    return advantages, informative_groups(rewards, group_ids)
+
+
+def mean_group_std(rewards: list[float], group_ids: list[str]) -> float:
+    """Mean within-group reward std: the spread GRPO learns from (RAGEN watches it fall)."""
+    _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
+    by_group = dict(zip(group_ids, std.tolist()))
+    return sum(by_group.values()) / len(by_group) if by_group else 0.0
+
+
+def token_rewards(outcome: float, kl: list[float], mask: list[int], kl_coef: float) -> list[float]:
+    """PPO's per-token reward: -beta * KL on each policy token, the outcome on the last one."""
+    rewards = [-kl_coef * k if m else 0.0 for k, m in zip(kl, mask)]
+    last = max((i for i, m in enumerate(mask) if m), default=None)
+    if last is not None:
+        rewards[last] += outcome
+    return rewards
+
+
+def repeat_rate(records: list[dict]) -> float:
+    """Fraction of trajectories identical (same completion ids) to another one of their group: the
+    Echo Trap (RAGEN) shows up as groups collapsing onto one trajectory before reward falls."""
+    by_group: dict[str, Counter] = {}
+    for r in records:
+        by_group.setdefault(r["group_id"], Counter())[tuple(r["completion_ids"])] += 1
+    repeated = sum(count for group in by_group.values() for count in group.values() if count > 1)
+    return repeated / len(records) if records else 0.0
+
+
+def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]:
+    n = len(records)
+    rewards = torch.tensor([s["reward"] for s in scores])
+    outcome = torch.tensor([s["outcome"] or 0.0 for s in scores])
+    policy_tokens = [sum(r["tool_mask"]) for r in records]
+    components = {f"reward/{k[len('reward_'):]}/contribution": sum(s[k] for s in scores) / n for k in scores[0] if k.startswith("reward_")}
+    group_ids = [r["group_id"] for r in records]
+    spread = informative_groups(rewards.tolist(), group_ids)
+    groups_with_spread = {g for g, keep in zip(group_ids, spread.tolist()) if keep}
+    return {
+        **components,
+        "reward/total/mean": float(rewards.mean()),
+        "reward/total/std": float(rewards.std()) if n > 1 else 0.0,
+        "reward/group_std": mean_group_std(rewards.tolist(), group_ids),
+        "reward/outcome/pass_rate": float(outcome.mean()),
+        "reward/well_formed/mean": sum(s["well_formed"] for s in scores) / n,
+        "reward/unscorable": float(sum(s["outcome"] is None for s in scores)),
+        "rollout/tool_call_rate": sum(r["num_tool_calls"] > 0 for r in records) / n,
+        "rollout/tool_calls_per_episode": sum(r["num_tool_calls"] for r in records) / n,
+        "rollout/turns": sum(r["turns"] for r in records) / n,
+        "rollout/completion_len": sum(len(r["completion_ids"]) for r in records) / n,
+        "rollout/policy_tokens": sum(policy_tokens) / n,
+        "rollout/repeat_rate": repeat_rate(records),
+        "rollout/zero_variance_frac": 1.0 - len(groups_with_spread) / len(set(group_ids)),
+    }
+
+
+# --------------------------------------------------------------------------- model passes
+@torch.no_grad()
+def recorded_logprobs(model, records: list[dict], *, temperature: float, pad_id: int, batch_size: int = 64) -> list[list[float]]:
+    """log pi(recorded token) for every completion token of every record, in batches."""
+    out: list[list[float]] = []
+    for i in range(0, len(records), batch_size):
+        rows = records[i : i + batch_size]
+        batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
+        logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature)
+        out += [logprobs[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(rows)]
+    return out
+
+
+@torch.no_grad()
+def recorded_values(critic, records: list[dict], *, pad_id: int, batch_size: int = 64) -> list[list[float]]:
+    out: list[list[float]] = []
+    for i in range(0, len(records), batch_size):
+        rows = records[i : i + batch_size]
+        batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
+        values = token_values(critic, batch)
+        out += [values[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(rows)]
+    return out
+
+
+def _kl_per_token(behaviour: list[float], ref: list[float], estimator: str) -> list[float]:
+    return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), estimator).tolist()
+
+
+def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, reference, critic, temperature: float,
+                    pad_id: int) -> tuple[list[Sample], dict[str, float]]:
+    """Step 3: reference log-probs, KL (in the reward if so placed), values, advantages; then keep
+    the trajectories that carry a gradient signal. Unscorable trajectories never train."""
+    ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id) if algo.needs_reference else None
+    kl = [_kl_per_token(r["logprobs"], ref_i, algo.kl_estimator) for r, ref_i in zip(records, ref)] if ref else None
+    metrics: dict[str, float] = {}
+    if kl:
+        policy_kl = [k for r, ks in zip(records, kl) for k, m in zip(ks, r["tool_mask"]) if m]
+        metrics["actor/kl_ref"] = sum(policy_kl) / max(1, len(policy_kl))
+    in_reward = algo.kl_coef if (kl and algo.kl_placement == "reward") else 0.0
+    rewards = [s["reward"] for s in scores]
+    if algo.critic:
+        values = recorded_values(critic, records, pad_id=pad_id)
+        per_token = [token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
+                     for i, (r, reward) in enumerate(zip(records, rewards))]
+        width = max(len(r["completion_ids"]) for r in records)
+        mask = _padded([r["tool_mask"] for r in records], width)
+        adv, returns = gae_advantages(_padded(per_token, width), _padded(values, width), mask, gamma=rl.ppo.gamma, lam=rl.ppo.lam)
+        adv = torch.where(mask.bool(), (adv - masked_mean(adv, mask)) / (adv[mask.bool()].std() + 1e-8), 0.0)  # whitened, as verl
+        advantages = [adv[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
+        returns_list = [returns[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
+        metrics["critic/values_mean"] = float(masked_mean(_padded(values, width), mask))
+    else:
+        # KL in the reward, for outcome estimators: the sequence's reward minus beta * its summed KL (verl).
+        if in_reward:
+            rewards = [reward - in_reward * sum(k for k, m in zip(kl[i], r["tool_mask"]) if m) for i, (r, reward) in enumerate(zip(records, rewards))]
+        seq_adv = get_advantage_estimator(algo.advantage_estimator)(torch.tensor(rewards, dtype=torch.float32),
+                                                                    _group_index([r["group_id"] for r in records]))
+        advantages = [[a] * len(r["completion_ids"]) for a, r in zip(seq_adv.tolist(), records)]
+        values = returns_list = None
+    samples = []
+    for i, (record, score) in enumerate(zip(records, scores)):
+        if score["outcome"] is None:
+            continue
+        if rl.drop_zero_variance_groups and not any(advantages[i]):
+            continue  # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
+        samples.append(Sample(record, advantages[i], ref[i] if ref else None, values[i] if values else None, returns_list[i] if returns_list else None))
+    return samples, metrics
+
+
+# --------------------------------------------------------------------------- update
+def _counts(samples: list[Sample]) -> torch.Tensor:
+    """(policy tokens, sequences with a policy token): the global normalizers of agg_loss."""
+    tokens = [sum(s.record["tool_mask"]) for s in samples]
+    return torch.tensor([float(sum(tokens)), float(sum(t > 0 for t in tokens))])
+
+
+def _collate(samples: list[Sample], pad_id: int):
+    return collate([s.record["prompt_ids"] for s in samples], [s.record["completion_ids"] for s in samples], [s.record["tool_mask"] for s in samples], pad_id)
+
+
+def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, max_tokens: int) -> Callable:
+    policy_loss = get_policy_loss(algo.policy_loss)
+
+    def loss_fn(samples: list[Sample], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = _collate(samples, pad_id)
+        width = batch.completion_ids.shape[1]
+        logits = completion_logits(engine.module, batch)
+        logprobs = token_logprobs(logits, batch.completion_ids, temperature)
+        mask = batch.loss_mask
+        norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": max_tokens}
+        loss, metrics = policy_loss(logprobs, _padded([s.record["logprobs"] for s in samples], width), _padded([s.advantages for s in samples], width), mask,
+                                    clip_low=algo.clip_low, clip_high=algo.clip_high, agg_mode=algo.loss_agg_mode, **norm)
+        out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/approx_kl": metrics["approx_kl"]}
+        if algo.needs_reference and algo.kl_placement == "loss":
+            kl = agg_loss(kl_penalty(logprobs, _padded([s.ref_logprobs for s in samples], width), algo.kl_estimator), mask, algo.loss_agg_mode, **norm)
+            loss = loss + algo.kl_coef * kl
+            out["loss/kl"] = kl.item()
+        with torch.no_grad():
+            out["actor/entropy"] = float(masked_mean(entropy_from_logits(logits, temperature), mask))
+        return loss, out
+
+    return loss_fn
+
+
+def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
+    def loss_fn(samples: list[Sample], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = _collate(samples, pad_id)
+        width = batch.completion_ids.shape[1]
+        values = token_values(engine.module, batch)
+        loss, metrics = value_loss(values, _padded([s.old_values for s in samples], width), _padded([s.returns for s in samples], width),
+                                   batch.loss_mask, clip=clip, num_tokens=counts[0])
+        return loss, {"critic/value_loss": loss.item(), "critic/value_clip_frac": metrics["value_clip_frac"]}
+
+    return loss_fn
+
+
+def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches: int, micro_batch_size: int | None,
+               generator: torch.Generator, prefix: str) -> dict[str, float]:
+    """`minibatches` optimizer steps over shuffled, disjoint minibatches (PPO's inner epoch). Each
+    minibatch is split over ranks and micro-batches; the loss is normalized by its global counts,
+    so the update does not depend on how it is split (tests/test_engines.py)."""
+    engine.train()
+    order = torch.randperm(len(samples), generator=generator).tolist()
+    chunks = [order[i::minibatches] for i in range(minibatches) if order[i::minibatches]]
+    sums: dict[str, float] = {}
+    for chunk in chunks:
+        mine = shard([samples[i] for i in chunk], engine.rank, engine.world_size)
+        metrics = accumulate_step(engine, mine, loss_fn, _counts, micro_batch_size=micro_batch_size)
+        for key, value in metrics.items():
+            name = key if "/" in key else f"{prefix}/{key}"  # the engine's grad_norm / lr
+            sums[name] = sums.get(name, 0.0) + value / len(chunks)
+    engine.eval()
+    return sums
+
+
+# --------------------------------------------------------------------------- resumable state
+def _fingerprint(**parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_state(state_dir: Path, step: int, fingerprint: str, engines: dict, rng: random.Random, generator: torch.Generator, result: RoundResult) -> None:
+    """Everything a resumed round needs to continue bitwise: engines (weights, optimizer,
+    scheduler), RNG states, the step counter and what the round has produced so far. Written to a
+    temporary folder and renamed, then LATEST is replaced: a kill at any moment leaves the
+    previous state intact."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    final = state_dir / f"step-{step:05d}"
+    tmp = state_dir / f".tmp-step-{step:05d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, engine in engines.items():
+        engine.save_state(tmp / name)
+    torch.save({"step": step, "fingerprint": fingerprint, "python_rng": rng.getstate(), "generator": generator.get_state(),
+                "torch_rng": torch.get_rng_state(), "result": result}, tmp / "loop.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    latest_tmp = state_dir / ".LATEST.tmp"
+    latest_tmp.write_text(final.name)
+    latest_tmp.replace(state_dir / "LATEST")
+    for old in state_dir.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(state_dir: Path | None, fingerprint: str) -> tuple[Path, dict] | None:
+    """The latest complete state of this same round (same fingerprint), or None."""
+    if state_dir is None or not (state_dir / "LATEST").exists():
+        return None
+    folder = state_dir / (state_dir / "LATEST").read_text().strip()
+    loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state
+    if loop["fingerprint"] != fingerprint:
+        return None  # another config or round: never resume across them
+    return folder, loop
+
+
+# --------------------------------------------------------------------------- the round
+def train_round(
+    policy, reference, tokenizer, tasks: list[dict], tools: dict[str, Tool], *,
+    rl: RLConfig, rollout: RolloutConfig, cascade: Cascade, round_index: int, policy_version: str, seed: int,
+    engine_cfg: EngineConfig = EngineConfig(), state_dir: Path | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None, task_weights: Mapping[str, float] | None = None,
+) -> RoundResult:
+    """`task_weights`: the curriculum's sampling weight per task id (training/curriculum.py); None = uniform.
+    `reference` may be None when the algorithm's kl_coef is 0. `state_dir`: where resumable state
+    checkpoints go every `rl.checkpoint_every` steps (None: no checkpoints)."""
+    algo = resolve_algorithm(rl)
+    if algo.needs_reference and reference is None:
+        raise ValueError(f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given")
+    check_single_process(engine_cfg)
+    pad_id = tokenizer.eos_token_id
+    engines = {"policy": build_engine(policy, engine_cfg, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)}
+    if algo.critic:
+        engines["critic"] = build_engine(critic_from_policy(policy), engine_cfg, lr=rl.ppo.critic_learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)
+    model = engines["policy"].model  # the plain model samples rollouts; the engine's module computes gradients
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    by_id = {t["task_id"]: t for t in tasks}
+    fingerprint = _fingerprint(rl=rl.model_dump(), rollout=rollout.model_dump(), round=round_index, seed=seed, version=policy_version,
+                               tasks=len(tasks), engine=engine_cfg.model_dump())
+    result, first_step = RoundResult(), 1
+    resumed = load_state(state_dir, fingerprint)
+    if resumed:
+        folder, loop = resumed
+        for name, engine in engines.items():
+            engine.load_state(folder / name)
+        rng.setstate(loop["python_rng"])
+        generator.set_state(loop["generator"])
+        torch.set_rng_state(loop["torch_rng"])
+        result, first_step = loop["result"], loop["step"] + 1
+        result.resumed_from_step = loop["step"]
+
+    def sample(n_prompts: int, step: int, tag: str) -> tuple[list[dict], list[dict]]:
+        prompts = sample_prompts(tasks, task_weights or {}, n_prompts, rng)
+        episodes = run_episodes(model, tokenizer, prompts, group_size=rl.group_size, tools=tools, cfg=rollout, generator=generator,
+                                group_prefix=f"r{round_index}-s{tag}-")
+        records = [episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer) for e in episodes]
+        return records, score_records(records, by_id, tokenizer, cascade)
+
+    for step in range(first_step, rl.steps_per_round + 1):
+        start = time.perf_counter()
+        # 1-2. generate and verify; DAPO refills until enough groups have reward spread
+        records, scores = sample(rl.prompts_per_step, step, str(step))
+        passes = 1
+        while algo.dynamic_sampling and passes < rl.max_sampling_rounds and _spread_groups(records, scores) < rl.prompts_per_step:
+            passes += 1
+            more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
+            records, scores = records + more_records, scores + more_scores
+        step_stats, disagreements = cascade.take_stats()
+        merge_stats(result.tier_stats, step_stats)
+        result.disagreements += disagreements
+        generate_s = time.perf_counter() - start
+        train_records, train_scores = (_first_spread_groups(records, scores, rl.prompts_per_step) if algo.dynamic_sampling else (records, scores))
+        # 3. reference log-probs, values, advantages
+        critic = engines["critic"].model if algo.critic else None
+        samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, reference=reference, critic=critic,
+                                                temperature=rollout.temperature, pad_id=pad_id) if train_records else ([], {})
+        # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
+        advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
+        for score in scores:
+            score["advantage"] = advantage_of.get(score["trajectory_id"], 0.0)
+        # 4. update: the critic first (PPO), then the policy unless the critic is still warming up
+        update: dict[str, float] = {}
+        if samples and algo.critic:
+            update |= run_update(engines["critic"], samples, critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id), minibatches=rl.minibatches,
+                                 micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="critic")
+        if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
+            update |= run_update(engines["policy"], samples, policy_loss_fn(engines["policy"], algo, temperature=rollout.temperature, pad_id=pad_id,
+                                                                            max_tokens=rollout.max_total_tokens),
+                                 minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="actor")
+        # 5. log, checkpoint
+        metrics = {**rollout_metrics(records, scores), **tier_metrics(step_stats, disagreements), **prep_metrics, **update,
+                   "rollout/sampling_passes": float(passes), "rollout/trained_trajectories": float(len(samples)),
+                   "perf/generate_s": generate_s, "perf/step_s": time.perf_counter() - start}
+        result.rollouts += records
+        result.rewards += scores
+        result.history.append({"step": step, **metrics})
+        if on_step:
+            on_step(step, metrics)
+        if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
+            save_state(state_dir, step, fingerprint, engines, rng, generator, result)
+    return result
+
+
+def _spread_groups(records: list[dict], scores: list[dict]) -> int:
+    keep = informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records])
+    return len({r["group_id"] for r, k in zip(records, keep.tolist()) if k})
+
+
+def _first_spread_groups(records: list[dict], scores: list[dict], n_groups: int) -> tuple[list[dict], list[dict]]:
+    """DAPO's filtered batch: the first `n_groups` groups with reward spread (all of them if fewer)."""
+    keep = informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records])
+    chosen = list(dict.fromkeys(r["group_id"] for r, k in zip(records, keep.tolist()) if k))[:n_groups]
+    wanted = set(chosen)
+    pairs = [(r, s) for r, s in zip(records, scores) if r["group_id"] in wanted]
+    return [r for r, _ in pairs], [s for _, s in pairs]
