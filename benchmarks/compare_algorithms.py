@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="RL seeds (the SFT checkpoint is shared)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--tag", default="", help="suffix of the result files, e.g. -collapse")
     args = parser.parse_args(argv)
     overrides = dict(parse_override(o) for o in args.set)
     cfg = load_profile(args.profile, overrides)
@@ -115,16 +116,17 @@ def main(argv: list[str] | None = None) -> int:
             report = detect_collapse(result.history, rl.collapse)
             rows.append({"algorithm": name, "seed": seed, "pass_at_1": mean, "ci": [low, high], "gain": list(gain), "train_minutes": train_minutes,
                          "final_entropy": result.history[-1].get("actor/entropy"),
-                         "mean_clip_frac": _mean(result.history, "actor/clip_frac"), "mean_kl_ref": _mean(result.history, "actor/kl_ref"), "collapse_warnings": [w.signal for w in report.warnings]})
+                         "mean_clip_frac": _mean(result.history, "actor/clip_frac"), "mean_kl_ref": _mean(result.history, "actor/kl_ref"), "collapse_warnings": [f"{w.signal}@{w.first_step}" for w in report.warnings],
+                         "first_warning_step": report.first_warning_step, "reward_drop_step": report.reward_drop_step})
             curves[f"{name}/{seed}"] = result.history
             print(f"[compare] {name} seed {seed}: pass@1 {mean:.3f} [{low:.3f}, {high:.3f}], gain {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}] "
                   f"({train_minutes:.1f} min)", flush=True)
     sandbox.__exit__(None, None, None)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"algorithms-{args.profile}"
+    stem = args.out / f"algorithms-{args.profile}{args.tag}"
     meta = {"profile": args.profile, "overrides": overrides, "benchmark_tasks": len(bench), "steps": cfg.rl.steps_per_round,
             "prompts_per_step": cfg.rl.prompts_per_step, "group_size": cfg.rl.group_size, "command": " ".join(["benchmarks/compare_algorithms.py", *(argv or sys.argv[1:])])}
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "histories": curves}, indent=1))
     table = to_markdown(rows)
     stem.with_suffix(".md").write_text(table + "\n")
     plot(curves, stem.with_suffix(".png"))
@@ -138,8 +140,8 @@ def _mean(history: list[dict], key: str) -> float | None:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    lines = ["| algorithm | seed | pass@1 [95% CI] | gain over SFT [paired 95% CI] | RL minutes | final entropy | mean clip fraction | collapse warnings |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| algorithm | seed | pass@1 [95% CI] | gain over SFT [paired 95% CI] | RL minutes | final entropy | mean clip fraction | collapse warnings (signal@step) | reward drop step |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gain = f"**{r['gain'][0]:+.3f}** [{r['gain'][1]:+.3f}, {r['gain'][2]:+.3f}]" if "gain" in r else "-"
         minutes = f"{r['train_minutes']:.1f}" if "train_minutes" in r else "-"
@@ -147,7 +149,7 @@ def to_markdown(rows: list[dict]) -> str:
         clip = f"{r['mean_clip_frac']:.3f}" if r.get("mean_clip_frac") is not None else "-"
         warnings = ", ".join(r.get("collapse_warnings", [])) or "none" if "gain" in r else "-"
         lines.append(f"| {r['algorithm']} | {r['seed'] if r['seed'] is not None else '-'} | {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
-                     f"| {gain} | {minutes} | {entropy} | {clip} | {warnings} |")
+                     f"| {gain} | {minutes} | {entropy} | {clip} | {warnings} | {r.get('reward_drop_step') or ('none' if 'gain' in r else '-')} |")
     return "\n".join(lines)
 
 
@@ -157,7 +159,7 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["reward/total/mean", "actor/entropy", "reward/group_std", "rollout/repeat_rate"]
+    keys = ["reward/total/mean", "actor/entropy", "reward/group_std_unsolved", "rollout/repeat_rate_unsolved"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
     for ax, key in zip(axes, keys):
         for label, history in curves.items():

@@ -165,3 +165,43 @@ def test_every_algorithm_runs_a_round(name, tokenizer_and_tasks, micro_cfg, sand
     assert ("loss/kl" in last) == (algo.needs_reference and algo.kl_placement == "loss" and last["rollout/trained_trajectories"] > 0)
     if algo.dynamic_sampling:
         assert last["rollout/sampling_passes"] >= 1
+
+
+def test_ppo_round_on_the_deepspeed_engine_matches_torch(tokenizer_and_tasks, micro_cfg, sandbox):
+    """Policy and critic on DeepSpeed ZeRO-2 (one process, gloo): same rollouts, same losses and
+    weights within the engines' fp32 tolerance (tests/test_engines.py)."""
+    from configs.schema import EngineConfig
+
+    tok, tasks = tokenizer_and_tasks
+    rl = micro_cfg.rl.model_copy(update={"algorithm": "ppo", "steps_per_round": 2, "prompts_per_step": 3, "group_size": 4, "kl_coef": 0.0,
+                                         "drop_zero_variance_groups": False})
+    finals = {}
+    for label, engine in [("torch", EngineConfig()), ("zero2", EngineConfig(kind="deepspeed", zero_stage=2, micro_batch_size=2))]:
+        policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
+        result = train_round(policy, None, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
+                             cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0, engine_cfg=engine)
+        finals[label] = (torch.cat([p.detach().flatten() for p in policy.parameters()]), result)
+    (a, ra), (b, rb) = finals["torch"], finals["zero2"]
+    assert [r["trajectory_id"] for r in ra.rollouts] == [r["trajectory_id"] for r in rb.rollouts]
+    assert ra.rollouts[0]["completion_ids"] == rb.rollouts[0]["completion_ids"]  # step 1 samples from identical weights
+    trained = [(x, y) for x, y in zip(ra.history, rb.history) if "critic/value_loss" in x]
+    assert trained, "no step trained"
+    assert trained[0][0]["critic/value_loss"] == pytest.approx(trained[0][1]["critic/value_loss"], rel=1e-4)
+    assert (a - b).abs().max() < 1e-3
+
+
+def test_echo_trap_signals_count_only_unsolved_groups():
+    from training.rl_loop import unsolved_group_metrics
+
+    records = [{"group_id": g, "completion_ids": ids} for g, ids in
+               [("solved", [1]), ("solved", [1]), ("echo", [2]), ("echo", [2]), ("mixed", [3]), ("mixed", [4]), ("stuck", [5]), ("stuck", [6])]]
+    outcomes = [1, 1, 0, 0, 1, 0, 0, 0]
+    scores = [{"outcome": o, "reward": float(o)} for o in outcomes]
+    m = unsolved_group_metrics(records, scores)
+    # unsolved: echo (2 identical), mixed, stuck -> 2 repeats out of 6 trajectories; the solved repeats do not count
+    assert m["rollout/repeat_rate_unsolved"] == pytest.approx(2 / 6)
+    assert m["rollout/unsolved_groups"] == pytest.approx(3 / 4)
+    assert m["rollout/stuck_frac"] == pytest.approx(2 / 4)  # echo and stuck failed alike
+    assert m["reward/group_std_unsolved"] == pytest.approx(statistics.stdev([1.0, 0.0]) / 3)
+    solved_only = unsolved_group_metrics(records[:2], scores[:2])
+    assert "rollout/repeat_rate_unsolved" not in solved_only and "reward/group_std_unsolved" not in solved_only

@@ -17,9 +17,9 @@ def healthy(n: int, seed: int = 0) -> list[dict]:
     return [{
         "step": step,
         "actor/entropy": 1.0 + rng.uniform(-0.15, 0.15),
-        "reward/group_std": 0.4 + rng.uniform(-0.08, 0.08),
-        "rollout/zero_variance_frac": 0.5 + rng.uniform(-0.1, 0.1),
-        "rollout/repeat_rate": 0.1 + rng.uniform(-0.05, 0.05),
+        "reward/group_std_unsolved": 0.4 + rng.uniform(-0.08, 0.08),
+        "rollout/stuck_frac": 0.5 + rng.uniform(-0.1, 0.1),
+        "rollout/repeat_rate_unsolved": 0.1 + rng.uniform(-0.05, 0.05),
         "actor/kl_ref": 0.05 + rng.uniform(-0.02, 0.02),
         "actor/approx_kl": 0.01 + rng.uniform(-0.005, 0.005),
         "actor/clip_frac": 0.1 + rng.uniform(-0.05, 0.05),
@@ -67,14 +67,14 @@ def test_entropy_dips_shorter_than_the_window_do_not_fire():
 
 def test_reward_std_decay_fires():
     decay = {s: 0.4 * 0.7 ** (s - 4) for s in range(5, 21)}  # below 0.4 * 0.4 = 0.16 from step 7 (0.137)
-    h = with_values(healthy(20), "reward/group_std", {1: 0.4, 2: 0.4, 3: 0.4} | decay)
-    w = fired(detect_collapse(h, CFG))["reward/group_std"]
+    h = with_values(healthy(20), "reward/group_std_unsolved", {1: 0.4, 2: 0.4, 3: 0.4} | decay)
+    w = fired(detect_collapse(h, CFG))["reward/group_std_unsolved"]
     assert w.first_step == 9 and w.value == pytest.approx(0.4 * 0.7 ** 5) and w.threshold == pytest.approx(0.16)
 
 
 def test_repeat_rate_is_absolute_and_judged_from_the_first_step():
-    h = with_values(healthy(10), "rollout/repeat_rate", {2: 0.7, 3: 0.8, 4: 0.9})
-    w = fired(detect_collapse(h, CFG))["rollout/repeat_rate"]
+    h = with_values(healthy(10), "rollout/repeat_rate_unsolved", {2: 0.7, 3: 0.8, 4: 0.9})
+    w = fired(detect_collapse(h, CFG))["rollout/repeat_rate_unsolved"]
     assert (w.first_step, w.value, w.threshold, w.baseline) == (4, 0.9, 0.6, None)
 
 
@@ -86,7 +86,7 @@ def test_non_finite_fires_at_once_even_in_a_short_history(key, bad):
 
 
 def test_non_finite_reward_std_is_skipped_not_a_warning():
-    h = with_values(healthy(12), "reward/group_std", {5: math.nan, 6: math.inf})
+    h = with_values(healthy(12), "reward/group_std_unsolved", {5: math.nan, 6: math.inf})
     assert detect_collapse(h, CFG).warnings == []
 
 
@@ -96,7 +96,7 @@ def test_missing_keys_are_skipped_not_read_as_zero():
         if row["step"] % 2 == 0:
             for key in [k for k in row if k.startswith("actor/")]:
                 del row[key]
-    h[8]["reward/group_std"] = None
+    h[8]["reward/group_std_unsolved"] = None
     assert detect_collapse(h, CFG).warnings == []
     # a run of low entropy continues across a step that did not record it: 6, (7 missing), 8, 9
     h = with_values(healthy(15), "actor/entropy", {1: 1.0, 2: 1.0, 3: 1.0, 6: 0.3, 7: None, 8: 0.3, 9: 0.3})
@@ -109,25 +109,25 @@ def test_missing_keys_are_skipped_not_read_as_zero():
 
 def test_too_short_history_gives_notes_and_no_relative_warnings():
     h = with_values(healthy(5), "actor/entropy", {4: 0.1, 5: 0.1})
-    h = with_values(h, "rollout/repeat_rate", {3: 0.9, 4: 0.9, 5: 0.9})
+    h = with_values(h, "rollout/repeat_rate_unsolved", {3: 0.9, 4: 0.9, 5: 0.9})
     report = detect_collapse(h, CFG)
-    assert set(fired(report)) == {"rollout/repeat_rate"}  # absolute signals still judged
+    assert set(fired(report)) == {"rollout/repeat_rate_unsolved"}  # absolute signals still judged
     assert any("too few steps" in n and "actor/entropy (5)" in n for n in report.notes)
 
 
 def test_zero_baselines_are_notes_not_warnings():
-    h = with_values(healthy(12), "reward/group_std", {s: 0.0 for s in range(1, 13)})
+    h = with_values(healthy(12), "reward/group_std_unsolved", {s: 0.0 for s in range(1, 13)})
     report = detect_collapse(h, CFG)
-    assert report.warnings == [] and any("reward/group_std" in n and "never had reward spread" in n for n in report.notes)
+    assert report.warnings == [] and any("reward/group_std_unsolved" in n and "never had reward spread" in n for n in report.notes)
 
 
 def test_zero_variance_fraction_is_relative_to_the_round():
     rising = {s: 0.2 for s in range(1, 7)} | {s: 0.6 for s in range(7, 13)}
-    w = fired(detect_collapse(with_values(healthy(12), "rollout/zero_variance_frac", rising), CFG))["rollout/zero_variance_frac"]
+    w = fired(detect_collapse(with_values(healthy(12), "rollout/stuck_frac", rising), CFG))["rollout/stuck_frac"]
     assert (w.first_step, w.threshold) == (9, pytest.approx(0.5))
     # a tiny model that always solves most tasks: high but flat is healthy, and cannot rise by 0.3
     flat_high = {s: 0.85 + 0.05 * (s % 2) for s in range(1, 13)}
-    report = detect_collapse(with_values(healthy(12), "rollout/zero_variance_frac", flat_high), CFG)
+    report = detect_collapse(with_values(healthy(12), "rollout/stuck_frac", flat_high), CFG)
     assert report.warnings == [] and any("cannot fire" in n for n in report.notes)
 
 
@@ -167,8 +167,8 @@ def echo_trap(n: int = 16) -> list[dict]:
         s = row["step"]
         fall = min(1.0, max(0.0, (s - 4) / 4))  # 0 up to step 4, 1 from step 8
         row["actor/entropy"] *= 1.0 - 0.85 * fall
-        row["reward/group_std"] *= 1.0 - 0.9 * fall
-        row["rollout/repeat_rate"] = 0.1 + 0.7 * fall
+        row["reward/group_std_unsolved"] *= 1.0 - 0.9 * fall
+        row["rollout/repeat_rate_unsolved"] = 0.1 + 0.7 * fall
         if s >= 12:
             row["reward/total/mean"] = 0.2
     return h
@@ -177,7 +177,7 @@ def echo_trap(n: int = 16) -> list[dict]:
 def test_echo_trap_warns_before_the_reward_drops():
     report = detect_collapse(echo_trap(), CFG)
     assert report.reward_drop_step == 12
-    assert {"actor/entropy", "reward/group_std", "rollout/repeat_rate"} <= set(fired(report))
+    assert {"actor/entropy", "reward/group_std_unsolved", "rollout/repeat_rate_unsolved"} <= set(fired(report))
     assert report.first_warning_step is not None and report.first_warning_step < report.reward_drop_step
     assert report.lead_steps == report.reward_drop_step - report.first_warning_step
     assert [w.first_step for w in report.warnings] == sorted(w.first_step for w in report.warnings)
@@ -193,7 +193,7 @@ def test_markdown_and_metadata():
     assert meta["first_warning_step"] == report.first_warning_step and meta["reward_drop_step"] == 12
     w = fired(report)["actor/entropy"]
     assert (meta["actor/entropy/first_step"], meta["actor/entropy/value"], meta["actor/entropy/baseline"]) == (w.first_step, w.value, w.baseline)
-    assert "rollout/repeat_rate/baseline" not in meta  # absolute signal: no baseline
+    assert "rollout/repeat_rate_unsolved/baseline" not in meta  # absolute signal: no baseline
     assert all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in meta.values())
 
     quiet = detect_collapse(healthy(4), CFG)

@@ -11,15 +11,19 @@ The signals (`SIGNALS`), and why each threshold is relative to the round's own f
 
     actor/entropy               relative: value < entropy_drop × baseline. Entropy's level depends on
                                 the model, vocabulary and temperature; only its fall means anything.
-    reward/group_std            relative: value < reward_std_drop × baseline. The spread a round starts
+
+  The next three are measured on UNSOLVED groups only (some outcome below 1; training/rl_loop.py
+  `unsolved_group_metrics`): a correct, confident policy repeats itself on tasks it has mastered,
+  which is success, not collapse. Measured on all groups, they fired on every healthy tiny run.
+
+    reward/group_std_unsolved   relative: value < reward_std_drop × baseline. The spread a round starts
                                 with depends on its tasks and verifier (binary vs partial credit).
-    rollout/zero_variance_frac  relative, additive: value > baseline + zero_variance_rise. A healthy tiny
-                                model legitimately has most groups all-solved (or all-failed), so a high
-                                fraction alone is normal; a rise from the round's own level is not.
+    rollout/stuck_frac          relative, additive: value > baseline + stuck_rise. The share of groups
+                                whose every sample failed alike; a rise from the round's level is not noise.
     actor/grad_norm             relative: value > grad_norm_spike × baseline (pre-clip norm). Its scale
                                 depends on model size and loss aggregation; a spike is the warning.
-    rollout/repeat_rate         absolute: value > repeat_rate_max. A share of identical trajectories
-                                is comparable across models: most of a group echoing one is the trap.
+    rollout/repeat_rate_unsolved absolute: value > repeat_rate_max. A share of identical trajectories
+                                is comparable across models: an unsolved group echoing one is the trap.
     actor/kl_ref                absolute: value > kl_max. Per-token KL to the reference is in nats
     actor/approx_kl             whatever the model; the same bound applies to the approximate KL to
                                 the behaviour policy (the only KL when beta = 0, no reference).
@@ -52,9 +56,9 @@ from configs.schema import CollapseConfig
 __all__ = ["SIGNALS", "Signal", "CollapseWarning", "CollapseReport", "detect_collapse", "reward_drop_step", "signal_series"]
 
 ENTROPY = "actor/entropy"
-REWARD_GROUP_STD = "reward/group_std"
-ZERO_VARIANCE_FRAC = "rollout/zero_variance_frac"
-REPEAT_RATE = "rollout/repeat_rate"
+REWARD_GROUP_STD = "reward/group_std_unsolved"
+STUCK_FRAC = "rollout/stuck_frac"
+REPEAT_RATE = "rollout/repeat_rate_unsolved"
 KL_REF = "actor/kl_ref"
 APPROX_KL = "actor/approx_kl"
 CLIP_FRAC = "actor/clip_frac"
@@ -92,7 +96,7 @@ class Signal:
 SIGNALS: tuple[Signal, ...] = (
     Signal(ENTROPY, "below_fraction", "entropy_drop", nonfinite_fires=True),
     Signal(REWARD_GROUP_STD, "below_fraction", "reward_std_drop", nonfinite_fires=False),
-    Signal(ZERO_VARIANCE_FRAC, "above_plus", "zero_variance_rise", nonfinite_fires=False),
+    Signal(STUCK_FRAC, "above_plus", "stuck_rise", nonfinite_fires=False),
     Signal(REPEAT_RATE, "above", "repeat_rate_max", nonfinite_fires=False),
     Signal(KL_REF, "above", "kl_max", nonfinite_fires=True),
     Signal(APPROX_KL, "above", "kl_max", nonfinite_fires=True),
@@ -213,7 +217,7 @@ def _check(signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig,
         if rule.multiplicative and abs(baseline) <= _NEAR_ZERO:
             what = "the round never had reward spread to learn from" if signal.key == REWARD_GROUP_STD else "no relative threshold"
             notes.append(f"{signal.key}: baseline ~0 ({baseline:.3g}): {what}")
-        elif signal.key == ZERO_VARIANCE_FRAC and threshold >= 1.0:  # a fraction: past 1 it can never fire
+        elif signal.key == STUCK_FRAC and threshold >= 1.0:  # a fraction: past 1 it can never fire
             notes.append(f"{signal.key}: baseline {baseline:.3g} + {param:g} >= 1, cannot fire")
         else:
             run = _first_run(finite[cfg.baseline_steps :], lambda v: rule.past(v, threshold), cfg.window)
