@@ -41,7 +41,7 @@ from verifiers.cascade import Cascade
 rl_rounds = DynamicPartitionsDefinition(name="rl_round")
 CURVE_KEYS = ["reward/total/mean", "reward/outcome/pass_rate", "actor/entropy", "reward/total/std", "actor/kl_ref", "rollout/tool_call_rate"]
 # The early-warning signals (training/collapse.py), plotted together so a trend is visible at a glance.
-HEALTH_KEYS = ["actor/entropy", "reward/group_std_unsolved", "rollout/stuck_frac", "rollout/repeat_rate_unsolved", "actor/approx_kl", "actor/clip_frac", "actor/grad_norm"]
+HEALTH_KEYS = ["actor/entropy", "reward/group_std_unsolved", "rollout/stuck_frac", "rollout/repeat_rate_failed", "actor/approx_kl", "actor/clip_frac", "actor/grad_norm"]
 
 
 def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str) -> tuple[dict, str]:

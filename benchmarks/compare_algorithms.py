@@ -159,7 +159,7 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["reward/total/mean", "actor/entropy", "reward/group_std_unsolved", "rollout/repeat_rate_unsolved"]
+    keys = ["reward/total/mean", "actor/entropy", "reward/group_std_unsolved", "rollout/repeat_rate_failed"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
     for ax, key in zip(axes, keys):
         for label, history in curves.items():

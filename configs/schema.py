@@ -190,13 +190,13 @@ class CollapseConfig(_Strict):
     action: Literal["warn", "block"] = Field("block", description="block: a flagged round's checkpoint is never promoted.")
     baseline_steps: int = Field(3, ge=1, description="Steps averaged as the round's healthy reference.")
     window: int = Field(3, ge=1, description="A warning needs this many consecutive steps past a threshold.")
-    entropy_drop: float = Field(0.5, gt=0, lt=1, description="Entropy below this fraction of the baseline.")
+    entropy_drop: float = Field(0.2, gt=0, lt=1, description="Entropy below this fraction of the baseline (healthy tiny rounds fall to 0.2-0.3x: docs/algorithms.md).")
     reward_std_drop: float = Field(0.4, gt=0, lt=1, description="Reward std within unsolved groups below this fraction of the baseline.")
     repeat_rate_max: float = Field(0.6, gt=0, le=1, description="Share of trajectories in unsolved groups identical to another in their group.")
     stuck_rise: float = Field(0.3, gt=0, le=1, description="Share of groups whose every sample failed alike, above baseline + this.")
     kl_max: float = Field(0.5, gt=0, description="Mean per-token KL to the reference (or to the behaviour policy when beta = 0).")
     clip_frac_max: float = Field(0.4, gt=0, le=1)
-    grad_norm_spike: float = Field(10.0, gt=1, description="Pre-clip grad norm above this multiple of the baseline.")
+    grad_norm_max: float = Field(10.0, gt=0, description="Pre-clip grad norm; one step above it fires (healthy tiny rounds stay below 4.1).")
 
 
 class RLConfig(_Strict):

@@ -198,10 +198,10 @@ def test_echo_trap_signals_count_only_unsolved_groups():
     outcomes = [1, 1, 0, 0, 1, 0, 0, 0]
     scores = [{"outcome": o, "reward": float(o)} for o in outcomes]
     m = unsolved_group_metrics(records, scores)
-    # unsolved: echo (2 identical), mixed, stuck -> 2 repeats out of 6 trajectories; the solved repeats do not count
-    assert m["rollout/repeat_rate_unsolved"] == pytest.approx(2 / 6)
+    # failed trajectories: echo (2 identical), mixed (1), stuck (2 different) -> 2 echoed out of 5; solved repeats do not count
+    assert m["rollout/repeat_rate_failed"] == pytest.approx(2 / 5)
     assert m["rollout/unsolved_groups"] == pytest.approx(3 / 4)
     assert m["rollout/stuck_frac"] == pytest.approx(2 / 4)  # echo and stuck failed alike
     assert m["reward/group_std_unsolved"] == pytest.approx(statistics.stdev([1.0, 0.0]) / 3)
     solved_only = unsolved_group_metrics(records[:2], scores[:2])
-    assert "rollout/repeat_rate_unsolved" not in solved_only and "reward/group_std_unsolved" not in solved_only
+    assert "rollout/repeat_rate_failed" not in solved_only and "reward/group_std_unsolved" not in solved_only

@@ -20,9 +20,10 @@ The signals (`SIGNALS`), and why each threshold is relative to the round's own f
                                 with depends on its tasks and verifier (binary vs partial credit).
     rollout/stuck_frac          relative, additive: value > baseline + stuck_rise. The share of groups
                                 whose every sample failed alike; a rise from the round's level is not noise.
-    actor/grad_norm             relative: value > grad_norm_spike × baseline (pre-clip norm). Its scale
-                                depends on model size and loss aggregation; a spike is the warning.
-    rollout/repeat_rate_unsolved absolute: value > repeat_rate_max. A share of identical trajectories
+    actor/grad_norm             absolute and immediate: value > grad_norm_max (pre-clip norm). An update
+                                that blows up does its damage in the round's first steps, inside any
+                                baseline, so a relative spike cannot see it (measured: docs/algorithms.md).
+    rollout/repeat_rate_failed absolute: value > repeat_rate_max. A share of identical trajectories
                                 is comparable across models: an unsolved group echoing one is the trap.
     actor/kl_ref                absolute: value > kl_max. Per-token KL to the reference is in nats
     actor/approx_kl             whatever the model; the same bound applies to the approximate KL to
@@ -58,7 +59,7 @@ __all__ = ["SIGNALS", "Signal", "CollapseWarning", "CollapseReport", "detect_col
 ENTROPY = "actor/entropy"
 REWARD_GROUP_STD = "reward/group_std_unsolved"
 STUCK_FRAC = "rollout/stuck_frac"
-REPEAT_RATE = "rollout/repeat_rate_unsolved"
+REPEAT_RATE = "rollout/repeat_rate_failed"
 KL_REF = "actor/kl_ref"
 APPROX_KL = "actor/approx_kl"
 CLIP_FRAC = "actor/clip_frac"
@@ -91,6 +92,7 @@ class Signal:
     rule: str  # a key of _RULES
     param: str  # the CollapseConfig field holding the threshold
     nonfinite_fires: bool  # NaN / inf is a collapse in itself
+    immediate: bool = False  # one step past the threshold is enough (window 1)
 
 
 SIGNALS: tuple[Signal, ...] = (
@@ -101,7 +103,7 @@ SIGNALS: tuple[Signal, ...] = (
     Signal(KL_REF, "above", "kl_max", nonfinite_fires=True),
     Signal(APPROX_KL, "above", "kl_max", nonfinite_fires=True),
     Signal(CLIP_FRAC, "above", "clip_frac_max", nonfinite_fires=False),
-    Signal(GRAD_NORM, "above_multiple", "grad_norm_spike", nonfinite_fires=True),
+    Signal(GRAD_NORM, "above", "grad_norm_max", nonfinite_fires=True, immediate=True),
 )
 
 
@@ -207,8 +209,9 @@ def _check(signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig,
 
     baseline, run = None, None
     threshold = math.nan if rule.relative else rule.threshold(None, param)  # relative: NaN until a baseline exists
+    window = 1 if signal.immediate else cfg.window
     if not rule.relative:
-        run = _first_run(finite, lambda v: rule.past(v, threshold), cfg.window)
+        run = _first_run(finite, lambda v: rule.past(v, threshold), window)
     elif len(finite) < cfg.baseline_steps + cfg.window:
         short.append(f"{signal.key} ({len(finite)})")
     else:
@@ -229,7 +232,7 @@ def _check(signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig,
         return None
     step, value = run
     bound = f"{param:g} × baseline {baseline:.4g} = " if rule.multiplicative else f"baseline {baseline:.4g} + {param:g} = " if rule.relative else ""
-    message = f"{signal.key} {rule.symbol} {bound}{threshold:.4g} for {cfg.window} consecutive steps, up to step {step} ({value:.4g})"
+    message = f"{signal.key} {rule.symbol} {bound}{threshold:.4g} for {window} consecutive step(s), up to step {step} ({value:.4g})"
     return CollapseWarning(signal.key, step, value, threshold, baseline, message)
 
 

@@ -111,21 +111,22 @@ def repeat_rate(records: list[dict]) -> float:
 
 
 def unsolved_group_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]:
-    """The Echo Trap's signals, measured where they mean collapse: on groups the policy has NOT
-    solved (some outcome below 1). A confident, correct policy repeats itself on the tasks it has
-    mastered, and that is success; repeating the same wrong trajectory, or every sample of a task
-    failing the same way, is the trap (RAGEN). Calibrated on healthy and forced-collapse runs
+    """The Echo Trap's signals, measured where they mean collapse: on failed trajectories and
+    unsolved groups (some outcome below 1). A confident, correct policy repeats itself on what it
+    has mastered, and that is success; repeating the same *wrong* trajectory, or every sample of a
+    task failing alike, is the trap (RAGEN). Calibrated on healthy and forced-collapse runs
     (docs/algorithms.md)."""
     groups: dict[str, list[tuple[tuple, float, float]]] = {}
     for r, s in zip(records, scores):
         groups.setdefault(r["group_id"], []).append((tuple(r["completion_ids"]), s["outcome"] or 0.0, s["reward"]))
     unsolved = {g: rows for g, rows in groups.items() if min(o for _, o, _ in rows) < 1.0}
-    repeated = sum(n for rows in unsolved.values() for n in Counter(ids for ids, _, _ in rows).values() if n > 1)
+    failed = [Counter(ids for ids, o, _ in rows if o < 1.0) for rows in unsolved.values()]
+    repeated = sum(n for counts in failed for n in counts.values() if n > 1)  # wrong trajectories echoed within their group
     stuck = sum(1 for rows in unsolved.values() if len({o for _, o, _ in rows}) == 1)  # every sample failed alike
     stds = [torch.tensor([rw for _, _, rw in rows]).std().item() if len(rows) > 1 else 0.0 for rows in unsolved.values()]
     metrics = {"rollout/unsolved_groups": len(unsolved) / len(groups) if groups else 0.0, "rollout/stuck_frac": stuck / len(groups) if groups else 0.0}
     if unsolved:  # absent, not 0, when everything is solved: collapse.py skips a step without them
-        metrics["rollout/repeat_rate_unsolved"] = repeated / sum(len(rows) for rows in unsolved.values())
+        metrics["rollout/repeat_rate_failed"] = repeated / sum(sum(counts.values()) for counts in failed)
         metrics["reward/group_std_unsolved"] = sum(stds) / len(stds)
     return metrics
 
