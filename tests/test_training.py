@@ -3,9 +3,9 @@ import torch
 
 from environments.arithmetic import generate_tasks
 from environments.tools import CodeInterpreter, toolbox
-from training.rl_loop import Sample, compute_advantages, policy_loss_fn, run_update, train_round
+from training.rl_loop import Sample, informative_groups, policy_loss_fn, run_update, train_round
 from training.model import build_model
-from training.rl_math import token_logprobs
+from training.rl_math import get_advantage_estimator, token_logprobs
 from training.rollout import run_episodes
 from training.scoring import episode_record
 from training.sequences import collate, completion_logits
@@ -74,7 +74,9 @@ def test_warmup_cosine_schedule():
 
 
 def test_zero_variance_groups_are_dropped():
-    adv, keep = compute_advantages([1.0, 0.0, 0.5, 0.5, 1.0, 1.0], ["a", "a", "b", "b", "c", "c"], "grpo")
+    rewards, groups = [1.0, 0.0, 0.5, 0.5, 1.0, 1.0], ["a", "a", "b", "b", "c", "c"]
+    adv = get_advantage_estimator("grpo")(torch.tensor(rewards), torch.tensor([0, 0, 1, 1, 2, 2]))
+    keep = informative_groups(rewards, groups)
     assert keep.tolist() == [True, True, False, False, False, False]
     assert adv[0] > 0 > adv[1] and adv[2:].abs().max() == 0
 

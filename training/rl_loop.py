@@ -78,12 +78,6 @@ def informative_groups(rewards: list[float], group_ids: list[str]) -> torch.Tens
     return std > 1e-6
 
 
-def compute_advantages(rewards: list[float], group_ids: list[str], estimator: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-trajectory outcome advantages, and which trajectories have a group with reward spread."""
-    advantages = get_advantage_estimator(estimator)(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
-    return advantages, informative_groups(rewards, group_ids)
-
-
 def mean_group_std(rewards: list[float], group_ids: list[str]) -> float:
     """Mean within-group reward std: the spread GRPO learns from (RAGEN watches it fall)."""
     _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
