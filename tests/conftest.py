@@ -37,3 +37,11 @@ def sandbox():
     box = BubblewrapSandbox(SandboxLimits(), pool_size=2)
     yield box
     box.close()
+
+
+@pytest.fixture(scope="session")
+def warm_policy(micro_cfg, sandbox):
+    """The micro model after a short SFT on all three families: it calls every tool (~10 s)."""
+    from training.warm_start import warm_started_policy
+
+    return warm_started_policy(micro_cfg, sandbox, sft_steps=200)

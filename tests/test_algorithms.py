@@ -14,6 +14,7 @@ from training.model import build_model
 from training.rl_loop import _first_spread_groups, informative_groups, prepare_samples, recorded_logprobs, token_rewards, train_round
 from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, kl_penalty
 from training.rollout import run_episodes
+from training.rollout_engines import HFEngine
 from training.scoring import episode_record, score_records
 from verifiers.cascade import Cascade
 
@@ -97,7 +98,7 @@ def test_dynamic_sampling_keeps_the_first_groups_with_spread():
 def rollout_batch(tokenizer_and_tasks, micro_cfg, sandbox):
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=4)
-    episodes = run_episodes(policy, tok, tasks[:3], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout,
+    episodes = run_episodes(HFEngine(policy), tok, tasks[:3], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout,
                             generator=torch.Generator().manual_seed(0))
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
     scores = score_records(records, {t["task_id"]: t for t in tasks}, tok, Cascade(RewardConfig(), sandbox))
@@ -110,18 +111,19 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
     policy, tok, records, scores = rollout_batch
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=5)
     rl = RLConfig(algorithm="rloo", kl_coef=0.5, drop_zero_variance_groups=False)
-    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
     ref = recorded_logprobs(reference, records, temperature=1.0, pad_id=tok.eos_token_id)
+    old = recorded_logprobs(policy, records, temperature=1.0, pad_id=tok.eos_token_id)  # the trainer's, not the engine's
     adjusted = []
-    for r, s, ref_i in zip(records, scores, ref):
-        kl = kl_penalty(torch.tensor(r["logprobs"]), torch.tensor(ref_i), "k1")
+    for r, s, ref_i, old_i in zip(records, scores, ref, old):
+        kl = kl_penalty(torch.tensor(old_i), torch.tensor(ref_i), "k1")
         adjusted.append(s["reward"] - 0.5 * float((kl * torch.tensor(r["tool_mask"])).sum()))
     expected = get_advantage_estimator("rloo")(torch.tensor(adjusted), torch.tensor([i // 4 for i in range(len(records))]))
     torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples]), expected, atol=1e-4, rtol=1e-4)
     assert metrics["actor/kl_ref"] > 0
     # in the loss instead: the advantages are the plain outcome ones
     rl_loss = RLConfig(algorithm="rloo", kl_coef=0.5, kl_placement="loss", drop_zero_variance_groups=False)
-    samples_loss, _ = prepare_samples(records, scores, resolve_algorithm(rl_loss), rl_loss, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    samples_loss, _ = prepare_samples(records, scores, resolve_algorithm(rl_loss), rl_loss, policy=policy, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
     plain = get_advantage_estimator("rloo")(torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))]))
     torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples_loss]), plain)
     assert samples_loss[0].ref_logprobs == pytest.approx(ref[0])
@@ -132,7 +134,7 @@ def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):
 
     policy, tok, records, scores = rollout_batch
     rl = RLConfig(algorithm="ppo", kl_coef=0.0)
-    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, reference=None, critic=critic_from_policy(policy), temperature=1.0, pad_id=tok.eos_token_id)
+    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=None, critic=critic_from_policy(policy), temperature=1.0, pad_id=tok.eos_token_id)
     assert metrics["critic/values_mean"] == 0.0  # zero-initialized head
     for s in samples:
         assert len(s.advantages) == len(s.record["tool_mask"]) == len(s.returns)
@@ -160,7 +162,7 @@ def test_every_algorithm_runs_a_round(name, tokenizer_and_tasks, micro_cfg, sand
     assert all(math.isfinite(v) for h in result.history for v in h.values())
     if any(h["rollout/trained_trajectories"] for h in result.history):
         assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters())), "the policy never moved"
-    assert ("critic/value_loss" in last) == algo.critic
+    assert ("critic/value_loss" in last) == (algo.critic and last["rollout/trained_trajectories"] > 0)
     assert ("actor/kl_ref" in last) == algo.needs_reference
     assert ("loss/kl" in last) == (algo.needs_reference and algo.kl_placement == "loss" and last["rollout/trained_trajectories"] > 0)
     if algo.dynamic_sampling:

@@ -7,6 +7,7 @@ from configs.schema import LoRAConfig, ModelConfig
 from training.lora import apply_lora, lora_summary, merged, trainable_parameters
 from training.model import build_model, load_policy, num_parameters, save_checkpoint
 from training.rollout import run_episodes
+from training.rollout_engines import HFEngine
 from training.sft import Example, sft_loss
 
 SMALL = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=300)
@@ -112,8 +113,8 @@ def test_kv_cache_sampler_through_lora_matches_merged_and_full_forward(tokenizer
     tok, tasks = tokenizer_and_tasks
     model = adapted(len(tok))
     cfg = micro_cfg.rollout.model_copy(update={"max_new_tokens_per_turn": 10, "max_turns": 2})
-    episodes = run_episodes(model, tok, tasks[:4], group_size=1, tools={}, cfg=cfg, greedy=True)
-    reference = run_episodes(merged(model), tok, tasks[:4], group_size=1, tools={}, cfg=cfg, greedy=True)
+    episodes = run_episodes(HFEngine(model), tok, tasks[:4], group_size=1, tools={}, cfg=cfg, greedy=True)
+    reference = run_episodes(HFEngine(merged(model)), tok, tasks[:4], group_size=1, tools={}, cfg=cfg, greedy=True)
     assert [e.completion_ids for e in episodes] == [e.completion_ids for e in reference]
     assert sum(len(e.completion_ids) for e in episodes) >= 4 * 10
     # the trainer's recomputation (no cache, through the adapters) matches the sampler's log-probs

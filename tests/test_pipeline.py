@@ -222,3 +222,21 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
     checkpoint = build_definitions("micro", overrides).load_asset_value("rl_checkpoint", instance=instance, partition_key="1")
     report = detect_collapse(checkpoint["history"], load_profile("micro", overrides).rl.collapse)
     assert report.reward_drop_step is None or report.first_warning_step < report.reward_drop_step
+
+
+@pytest.mark.slow
+def test_micro_flywheel_on_the_vllm_engine(home):
+    """`rollout.engine: vllm` is configuration only: the same assets roll out and benchmark on
+    vLLM's CPU build, and the RL round logs the engine/trainer log-prob gap every step."""
+    from mlflow import MlflowClient
+
+    from pipelines.run import run_flywheel
+
+    outcome = run_flywheel("micro", {"rollout.engine": "vllm"})
+    assert outcome["sft"]["version"] == "1" and len(outcome["rounds"]) == 1
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    experiment = client.get_experiment_by_name("agentic-flywheel").experiment_id
+    (rl_run,) = client.search_runs([experiment], "tags.`dagster.asset` = 'rl_round'")
+    assert rl_run.data.params["rollout.engine"] == "vllm"
+    gap = client.get_metric_history(rl_run.info.run_id, "rollout/logprob_mismatch_max")
+    assert sorted(m.step for m in gap) == [1, 2] and all(m.value < 1e-3 for m in gap)

@@ -8,6 +8,7 @@ from environments.tools import CodeInterpreter, toolbox
 from training.model import build_model
 from training.rl_math import token_logprobs
 from training.rollout import run_episodes
+from training.rollout_engines import HFEngine
 from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits, encode, encode_observation, encode_segments, policy_spans
 from configs.schema import RewardConfig
@@ -59,7 +60,7 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
         bias[tok.convert_tokens_to_ids(tag)] = 4.0
     random_policy.lm_head.bias = torch.nn.Parameter(bias)
     cfg = micro_cfg.rollout.model_copy(update={"max_new_tokens_per_turn": 12, "max_turns": 3})
-    episodes = run_episodes(random_policy, tok, tasks[:6], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=cfg, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(HFEngine(random_policy), tok, tasks[:6], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=cfg, generator=torch.Generator().manual_seed(0))
     assert len(episodes) == 24
     assert sum(len(e.tool_calls) for e in episodes) > 0, "expected some tool calls"
     for e in episodes:
@@ -87,7 +88,7 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
 
 def test_records_and_rewards_recompute_from_storage(random_policy, tokenizer_and_tasks, micro_cfg, sandbox):
     tok, tasks = tokenizer_and_tasks
-    episodes = run_episodes(random_policy, tok, tasks[:3], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(1))
+    episodes = run_episodes(HFEngine(random_policy), tok, tasks[:3], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(1))
     records = [episode_record(e, round_index=1, step=1, policy_version="test", tokenizer=tok) for e in episodes]
     by_id = {t["task_id"]: t for t in tasks}
     first = score_records(records, by_id, tok, Cascade(RewardConfig()))

@@ -7,6 +7,7 @@ from training.rl_loop import Sample, informative_groups, policy_loss_fn, run_upd
 from training.model import build_model
 from training.rl_math import get_advantage_estimator, token_logprobs
 from training.rollout import run_episodes
+from training.rollout_engines import HFEngine
 from training.scoring import episode_record
 from training.sequences import collate, completion_logits
 from training.sft import Example, sft_loss, train_sft, warmup_cosine
@@ -86,7 +87,7 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     negative one falls (the sign of the policy gradient, end to end through the real model)."""
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1)
-    episodes = run_episodes(policy, tok, tasks[:1], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(HFEngine(policy), tok, tasks[:1], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
 
     def seq_logprob():
@@ -98,7 +99,7 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     rl = micro_cfg.rl.model_copy(update={"kl_coef": 0.0})
     # kl_coef = 0: no reference model at all (None), as rl_round does
     engine = build_engine(policy, EngineConfig(), lr=1e-2, grad_clip=1.0)
-    samples = [Sample(r, [a] * len(r["completion_ids"])) for r, a in zip(records, (1.0, -1.0))]
+    samples = [Sample(r, [a] * len(r["completion_ids"]), r["logprobs"]) for r, a in zip(records, (1.0, -1.0))]
     metrics = run_update(engine, samples, policy_loss_fn(engine, resolve_algorithm(rl), temperature=1.0, pad_id=tok.eos_token_id, max_tokens=160),
                          minibatches=1, micro_batch_size=None, generator=torch.Generator().manual_seed(0), prefix="actor")
     after = seq_logprob()

@@ -16,12 +16,13 @@ import torch
 from configs.schema import RolloutConfig
 from environments.tools import Tool
 from training.rollout import run_episodes
+from training.rollout_engines import RolloutEngine
 from training.scoring import episode_record, score_records
 from verifiers.cascade import Cascade
 
 
 def evaluate_policy(
-    model, tokenizer, tasks: list[dict], tools: dict[str, Tool], rollout: RolloutConfig, cascade: Cascade, *,
+    engine: RolloutEngine, tokenizer, tasks: list[dict], tools: dict[str, Tool], rollout: RolloutConfig, cascade: Cascade, *,
     samples_per_task: int, temperature: float, greedy: bool, seed: int, batch_size: int,
 ) -> list[dict]:
     """One row per task: mean outcome over its samples, tool calls and turns."""
@@ -31,7 +32,7 @@ def evaluate_policy(
     per_batch = max(1, batch_size // k)
     for start in range(0, len(tasks), per_batch):
         chunk = tasks[start : start + per_batch]
-        episodes = run_episodes(model, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
+        episodes = run_episodes(engine, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
         records = [episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes]
         scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
         by_task: dict[str, list] = {}

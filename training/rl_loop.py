@@ -29,10 +29,11 @@ from training.critic import critic_from_policy, token_values
 from training.curriculum import sample_prompts
 from training.engines import accumulate_step, build_engine, check_single_process, shard
 from training.rl_math import (
-    agg_loss, entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, masked_mean,
-    token_logprobs, value_loss,
+    agg_loss, entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, logprob_mismatch,
+    masked_mean, tis_weights, token_logprobs, value_loss,
 )
 from training.rollout import run_episodes
+from training.rollout_engines import build_rollout_engine
 from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits
 from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
@@ -54,6 +55,7 @@ class Sample:
 
     record: dict
     advantages: list[float]
+    old_logprobs: list[float]  # the trainer's log-probs of the recorded tokens before the update
     ref_logprobs: list[float] | None = None
     old_values: list[float] | None = None
     returns: list[float] | None = None
@@ -181,13 +183,26 @@ def _kl_per_token(behaviour: list[float], ref: list[float], estimator: str) -> l
     return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), estimator).tolist()
 
 
-def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, reference, critic, temperature: float,
+def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int) -> tuple[list[list[float]], dict[str, float]]:
+    """The trainer's log-probs of the recorded tokens, and how far the rollout engine's behaviour
+    log-probs are from them on policy tokens (`rollout/logprob_mismatch_*`, every step)."""
+    old = recorded_logprobs(policy, records, temperature=temperature, pad_id=pad_id)
+    width = max(len(r["completion_ids"]) for r in records)
+    gap = logprob_mismatch(_padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width))
+    return old, {"rollout/logprob_mismatch_max": gap["max"], "rollout/logprob_mismatch_mean": gap["mean"]}
+
+
+def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, policy, reference, critic, temperature: float,
                     pad_id: int) -> tuple[list[Sample], dict[str, float]]:
-    """Step 3: reference log-probs, KL (in the reward if so placed), values, advantages; then keep
-    the trajectories that carry a gradient signal. Unscorable trajectories never train."""
+    """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
+    the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
+    advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
+    that carry a gradient signal. Unscorable trajectories never train."""
+    old, metrics = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id)
+    width = max(len(r["completion_ids"]) for r in records)
+    old_t, engine_t, policy_mask = _padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width)
     ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id) if algo.needs_reference else None
-    kl = [_kl_per_token(r["logprobs"], ref_i, algo.kl_estimator) for r, ref_i in zip(records, ref)] if ref else None
-    metrics: dict[str, float] = {}
+    kl = [_kl_per_token(old_i, ref_i, algo.kl_estimator) for old_i, ref_i in zip(old, ref)] if ref else None
     if kl:
         policy_kl = [k for r, ks in zip(records, kl) for k, m in zip(ks, r["tool_mask"]) if m]
         metrics["actor/kl_ref"] = sum(policy_kl) / max(1, len(policy_kl))
@@ -197,8 +212,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         values = recorded_values(critic, records, pad_id=pad_id)
         per_token = [token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
                      for i, (r, reward) in enumerate(zip(records, rewards))]
-        width = max(len(r["completion_ids"]) for r in records)
-        mask = _padded([r["tool_mask"] for r in records], width)
+        mask = policy_mask
         adv, returns = gae_advantages(_padded(per_token, width), _padded(values, width), mask, gamma=rl.ppo.gamma, lam=rl.ppo.lam)
         adv = torch.where(mask.bool(), (adv - masked_mean(adv, mask)) / (adv[mask.bool()].std() + 1e-8), 0.0)  # whitened, as verl
         advantages = [adv[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
@@ -212,13 +226,17 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
                                                                     _group_index([r["group_id"] for r in records]))
         advantages = [[a] * len(r["completion_ids"]) for a, r in zip(seq_adv.tolist(), records)]
         values = returns_list = None
+    if rl.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
+        weights = tis_weights(old_t, engine_t, policy_mask, rl.tis_cap)
+        metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, policy_mask))
+        advantages = [[a * w for a, w in zip(adv_i, weights[i].tolist())] for i, adv_i in enumerate(advantages)]
     samples = []
     for i, (record, score) in enumerate(zip(records, scores)):
         if score["outcome"] is None:
             continue
         if rl.drop_zero_variance_groups and not any(advantages[i]):
             continue  # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
-        samples.append(Sample(record, advantages[i], ref[i] if ref else None, values[i] if values else None, returns_list[i] if returns_list else None))
+        samples.append(Sample(record, advantages[i], old[i], ref[i] if ref else None, values[i] if values else None, returns_list[i] if returns_list else None))
     return samples, metrics
 
 
@@ -243,7 +261,7 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
         logprobs = token_logprobs(logits, batch.completion_ids, temperature)
         mask = batch.loss_mask
         norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": max_tokens}
-        loss, metrics = policy_loss(logprobs, _padded([s.record["logprobs"] for s in samples], width), _padded([s.advantages for s in samples], width), mask,
+        loss, metrics = policy_loss(logprobs, _padded([s.old_logprobs for s in samples], width), _padded([s.advantages for s in samples], width), mask,
                                     clip_low=algo.clip_low, clip_high=algo.clip_high, agg_mode=algo.loss_agg_mode, **norm)
         out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/approx_kl": metrics["approx_kl"]}
         if algo.needs_reference and algo.kl_placement == "loss":
@@ -365,53 +383,62 @@ def train_round(
 
     def sample(n_prompts: int, step: int, tag: str) -> tuple[list[dict], list[dict]]:
         prompts = sample_prompts(tasks, task_weights or {}, n_prompts, rng)
-        episodes = run_episodes(model, tokenizer, prompts, group_size=rl.group_size, tools=tools, cfg=rollout, generator=generator,
+        episodes = run_episodes(rollout_engine, tokenizer, prompts, group_size=rl.group_size, tools=tools, cfg=rollout, generator=generator,
                                 group_prefix=f"r{round_index}-s{tag}-")
         records = [episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer) for e in episodes]
         return records, score_records(records, by_id, tokenizer, cascade)
 
-    for step in range(first_step, rl.steps_per_round + 1):
-        start = time.perf_counter()
-        # 1-2. generate and verify; DAPO refills until enough groups have reward spread
-        records, scores = sample(rl.prompts_per_step, step, str(step))
-        passes = 1
-        while algo.dynamic_sampling and passes < rl.max_sampling_rounds and _spread_groups(records, scores) < rl.prompts_per_step:
-            passes += 1
-            more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
-            records, scores = records + more_records, scores + more_scores
-        step_stats, disagreements = cascade.take_stats()
-        merge_stats(result.tier_stats, step_stats)
-        result.disagreements += disagreements
-        generate_s = time.perf_counter() - start
-        train_records, train_scores = (_first_spread_groups(records, scores, rl.prompts_per_step) if algo.dynamic_sampling else (records, scores))
-        # 3. reference log-probs, values, advantages
-        critic = engines["critic"].model if algo.critic else None
-        samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, reference=reference, critic=critic,
-                                                temperature=rollout.temperature, pad_id=pad_id) if train_records else ([], {})
-        # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
-        advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
-        for score in scores:
-            score["advantage"] = advantage_of.get(score["trajectory_id"], 0.0)
-        # 4. update: the critic first (PPO), then the policy unless the critic is still warming up
-        update: dict[str, float] = {}
-        if samples and algo.critic:
-            update |= run_update(engines["critic"], samples, critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id), minibatches=rl.minibatches,
-                                 micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="critic")
-        if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
-            update |= run_update(engines["policy"], samples, policy_loss_fn(engines["policy"], algo, temperature=rollout.temperature, pad_id=pad_id,
-                                                                            max_tokens=rollout.max_total_tokens),
-                                 minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="actor")
-        # 5. log, checkpoint
-        metrics = {**rollout_metrics(records, scores), **tier_metrics(step_stats, disagreements), **prep_metrics, **update,
-                   "rollout/sampling_passes": float(passes), "rollout/trained_trajectories": float(len(samples)),
-                   "perf/generate_s": generate_s, "perf/step_s": time.perf_counter() - start}
-        result.rollouts += records
-        result.rewards += scores
-        result.history.append({"step": step, **metrics})
-        if on_step:
-            on_step(step, metrics)
-        if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
-            save_state(state_dir, step, fingerprint, engines, rng, generator, result)
+    # The rollout engine serves the policy's current weights: HF shares its tensors, vLLM gets
+    # them pushed after every update (sync_weights), without a restart.
+    rollout_engine = build_rollout_engine(rollout, model, tokenizer, seed=seed)
+    try:
+        for step in range(first_step, rl.steps_per_round + 1):
+            start = time.perf_counter()
+            # 1-2. generate and verify; DAPO refills until enough groups have reward spread
+            records, scores = sample(rl.prompts_per_step, step, str(step))
+            passes = 1
+            while algo.dynamic_sampling and passes < rl.max_sampling_rounds and _spread_groups(records, scores) < rl.prompts_per_step:
+                passes += 1
+                more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
+                records, scores = records + more_records, scores + more_scores
+            step_stats, disagreements = cascade.take_stats()
+            merge_stats(result.tier_stats, step_stats)
+            result.disagreements += disagreements
+            generate_s = time.perf_counter() - start
+            train_records, train_scores = (_first_spread_groups(records, scores, rl.prompts_per_step) if algo.dynamic_sampling else (records, scores))
+            # 3. reference log-probs, values, advantages
+            critic = engines["critic"].model if algo.critic else None
+            samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
+                                                    temperature=rollout.temperature, pad_id=pad_id) if train_records else ([], {})
+            if not samples and not train_records:  # nothing to train on; the engine gap is still measured
+                prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id)[1]
+            # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
+            advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
+            for score in scores:
+                score["advantage"] = advantage_of.get(score["trajectory_id"], 0.0)
+            # 4. update: the critic first (PPO), then the policy unless the critic is still warming up
+            update: dict[str, float] = {}
+            if samples and algo.critic:
+                update |= run_update(engines["critic"], samples, critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id), minibatches=rl.minibatches,
+                                     micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="critic")
+            if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
+                update |= run_update(engines["policy"], samples, policy_loss_fn(engines["policy"], algo, temperature=rollout.temperature, pad_id=pad_id,
+                                                                                max_tokens=rollout.max_total_tokens),
+                                     minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="actor")
+                update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
+            # 5. log, checkpoint
+            metrics = {**rollout_metrics(records, scores), **tier_metrics(step_stats, disagreements), **prep_metrics, **update,
+                       "rollout/sampling_passes": float(passes), "rollout/trained_trajectories": float(len(samples)),
+                       "perf/generate_s": generate_s, "perf/step_s": time.perf_counter() - start}
+            result.rollouts += records
+            result.rewards += scores
+            result.history.append({"step": step, **metrics})
+            if on_step:
+                on_step(step, metrics)
+            if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
+                save_state(state_dir, step, fingerprint, engines, rng, generator, result)
+    finally:
+        rollout_engine.close()
     return result
 
 

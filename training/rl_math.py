@@ -396,3 +396,23 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_m
     loss_mat, is_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
     loss = agg_loss(loss_mat, m, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
     return loss, _ratio_metrics(ratio, is_clipped, m, logprobs, old_logprobs)
+
+
+# --------------------------------------------------------------------------- engine / trainer mismatch
+def logprob_mismatch(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """Max and mean |log pi_trainer - log pi_engine| over policy tokens: how far the rollout
+    engine's numerics (kernels, batching, dtype) are from the trainer's on the same tokens."""
+    m = _bool_mask(mask)
+    gap = (trainer_logprobs - engine_logprobs).abs()[m]
+    if gap.numel() == 0:
+        return {"max": 0.0, "mean": 0.0}
+    return {"max": float(gap.max()), "mean": float(gap.mean())}
+
+
+def tis_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (verl's `tis_imp_ratio_cap`, SkyRL's TIS): per policy token
+    min(pi_trainer / pi_engine, cap), no gradient. Rollouts are sampled by the engine but the loss
+    is the trainer's, so each token is re-weighted towards the trainer's distribution; truncating
+    at `cap` bounds the variance a rare token could add. 0 where mask is 0."""
+    ratio = torch.exp((trainer_logprobs - engine_logprobs).detach()).clamp(max=cap)
+    return torch.where(_bool_mask(mask), ratio, torch.zeros_like(ratio))

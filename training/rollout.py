@@ -1,15 +1,19 @@
-"""Multi-turn agent loop on token ids, with a batched HF sampler that keeps a KV cache.
+"""Multi-turn agent loop on token ids, over any rollout engine (training/rollout_engines.py).
 
-Each turn, every unfinished episode generates until a stop tag (`</code>`, `</answer>`), EOS or
-its budget. Episodes that stopped on `</code>` run their code through the tool (one batched,
-concurrent call per turn), the observation's ids are appended with tool_mask 0 and
-logprob 0, and the loop goes on. Ids sampled by the policy are recorded as sampled; text is
-only ever derived from ids (for the tool and for logs), never the other way round.
+Each turn, every active episode generates until a stop tag (`</code>`, `</search>`,
+`</answer>`), EOS or its budget, in one batched engine call. Episodes that stopped on a tool's
+closing tag have their calls run together (each tool's batch on its own thread; the sandbox and
+the index run calls concurrently inside), the observation's ids are appended with tool_mask 0
+and logprob 0, and the loop goes on. Finished episodes leave the batch and, when
+`rollout.max_batch_size` caps it, waiting ones join. Ids sampled by the policy are recorded as
+sampled; text is only ever derived from ids (for the tool and for logs), never the other way round.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +21,7 @@ import torch
 from configs.schema import RolloutConfig
 from environments import TOOLS_BY_FAMILY
 from environments.tools import Tool, ToolResult
+from training.rollout_engines import RolloutEngine, Sampling
 from training.sequences import encode_observation
 from training.tokenizer import tag_ids
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS
@@ -45,52 +50,6 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
-@torch.no_grad()
-def sample_turn(
-    model,
-    sequences: list[list[int]],
-    budgets: list[int],
-    *,
-    stop_ids: set[int],
-    pad_id: int,
-    temperature: float,
-    greedy: bool,
-    generator: torch.Generator | None,
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample up to `budgets[i]` tokens for each sequence, stopping a row at a stop id.
-    Returns the sampled ids and their behaviour log-probs under softmax(logits / T)."""
-    B, L = len(sequences), max(map(len, sequences))
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention = torch.zeros((B, L), dtype=torch.long)
-    for i, seq in enumerate(sequences):  # left padding: every row's next token is column L
-        input_ids[i, L - len(seq) :] = torch.tensor(seq)
-        attention[i, L - len(seq) :] = 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]
-    next_pos = positions[:, -1:] + 1
-    budget = torch.tensor(budgets)
-    stops = torch.tensor(sorted(stop_ids))
-    finished = budget <= 0
-    sampled: list[list[int]] = [[] for _ in range(B)]
-    logps: list[list[float]] = [[] for _ in range(B)]
-    for step in range(int(budget.max())):
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        token = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-        token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
-        for i in (~finished).nonzero().flatten().tolist():
-            sampled[i].append(int(token[i]))
-            logps[i].append(float(token_logp[i]))
-        finished = finished | torch.isin(token, stops) | (budget <= step + 1)
-        if bool(finished.all()):
-            break
-        token = torch.where(finished, torch.full_like(token, pad_id), token)
-        attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True)
-        cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
-    return sampled, logps
-
-
 def _call_of_turn(tokenizer, turn_ids: list[int], open_id: int) -> str:
     """The call's text between the turn's last opening tag and the closing tag it stopped on."""
     body = turn_ids[:-1]
@@ -99,20 +58,36 @@ def _call_of_turn(tokenizer, turn_ids: list[int], open_id: int) -> str:
     return tokenizer.decode(body)
 
 
-def _dispatch(tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]]) -> list[ToolResult]:
-    """Results in call order. Calls of one tool go out as one batch (the sandbox and the index
-    run them concurrently / vectorized); a call to a tool the task's family does not offer gets
-    an error observation instead of running (and the reward's tool_misuse term counts it)."""
+def _run_tool(tool: Tool, args: list[str]) -> list[ToolResult]:
+    """One tool's batch; a tool that raises gives every call an error observation instead of
+    ending the rollout (the reward's tool-error term sees it, the episode goes on)."""
+    try:
+        results = tool.call_many(args)
+    except Exception as exc:  # noqa: BLE001 - any tool failure becomes an observation
+        return [ToolResult(f"tool error: {type(exc).__name__}\n", "tool_exception", 0.0) for _ in args]
+    if len(results) != len(args):
+        raise RuntimeError(f"tool {tool.name!r} returned {len(results)} results for {len(args)} calls")
+    return results
+
+
+def _dispatch(tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]], pool: ThreadPoolExecutor) -> list[ToolResult]:
+    """Results in call order. The calls of one tool go out as one batch, and the batches of
+    different tools run at the same time on `pool`; a call to a tool the task's family does not
+    offer gets an error observation instead of running (the reward's tool_misuse term counts it)."""
     results: list[ToolResult | None] = [None] * len(calls)
+    futures = {}
     for name in dict.fromkeys(n for _, n, _ in calls):
         index = [i for i, (episode, n, _) in enumerate(calls) if n == name and n in TOOLS_BY_FAMILY.get(episode.task["family"], ()) and n in tools]
-        for i, result in zip(index, tools[name].call_many([calls[i][2] for i in index]) if index else []):
+        if index:
+            futures[name] = (index, pool.submit(_run_tool, tools[name], [calls[i][2] for i in index]))
+    for index, future in futures.values():
+        for i, result in zip(index, future.result()):
             results[i] = result
     return [r if r is not None else ToolResult(f"unknown tool {name}\n", "unknown_tool", 0.0) for r, (_, name, _) in zip(results, calls)]
 
 
 def run_episodes(
-    model,
+    engine: RolloutEngine,
     tokenizer,
     tasks: list[dict],
     *,
@@ -124,53 +99,52 @@ def run_episodes(
     temperature: float | None = None,
     group_prefix: str = "",
 ) -> list[Episode]:
-    """Roll out `group_size` episodes per task (one GRPO group per task). `tools` maps a tool
-    name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY)."""
+    """Roll out `group_size` episodes per task (one GRPO group per task) with `engine`. `tools`
+    maps a tool name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY)."""
     tags = tag_ids(tokenizer)
     eos = tokenizer.eos_token_id
     closing = {tags[TOOL_TAGS[name][1]]: name for name in TOOL_TAGS}  # every tool tag stops a turn
     stop_ids = {*closing, tags[ANSWER_CLOSE], eos}
+    sampling = Sampling.of(cfg, greedy=greedy, temperature=temperature)
     episodes = [
         Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=tokenizer.encode(t["prompt"], add_special_tokens=False))
         for t in tasks
         for k in range(group_size)
     ]
-    model.eval()
-    for _ in range(cfg.max_turns):
-        active = [e for e in episodes if not e.done]
-        if not active:
-            break
-        # 1. one policy turn for every active episode, batched
-        budgets = [min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(e.prompt_ids) - len(e.completion_ids)) for e in active]
-        turn_ids, turn_logps = sample_turn(
-            model, [e.prompt_ids + e.completion_ids for e in active], budgets, stop_ids=stop_ids, pad_id=eos,
-            temperature=temperature or cfg.temperature, greedy=greedy, generator=generator,
-        )
-        # 2. record sampled tokens (mask 1) and decide how each turn ended
-        calls: list[tuple[Episode, str, str]] = []
-        for episode, ids, logps in zip(active, turn_ids, turn_logps):
-            episode.extend(ids, 1, logps)
-            episode.turns += 1
-            last = ids[-1] if ids else None
-            if last in closing:
-                name = closing[last]
-                calls.append((episode, name, _call_of_turn(tokenizer, ids, tags[TOOL_TAGS[name][0]])))
-            else:
-                episode.stop_reason = {tags[ANSWER_CLOSE]: "answer", eos: "eos"}.get(last, "max_tokens")
-        # 3. run this turn's tool calls together, batched per tool; append observations (mask 0)
-        for (episode, name, args), result in zip(calls, _dispatch(tools, calls)):
-            obs_ids = encode_observation(tokenizer, result.observation, name)
-            truncated = len(obs_ids) > cfg.max_observation_tokens
-            if truncated:  # keep the closing tag so the policy still sees where the output ends
-                obs_ids = obs_ids[: cfg.max_observation_tokens - 1] + [tags[OBSERVATION_TAGS[name][1]]]
-            episode.extend(obs_ids, 0)
-            episode.tool_calls.append({
-                "name": name, "args": args, "result": result.observation, "error": result.error,
-                "latency_s": round(result.latency_s, 5), "truncated": truncated,
-            })
-            if len(episode.prompt_ids) + len(episode.completion_ids) >= cfg.max_total_tokens:
-                episode.stop_reason = "max_tokens"
-    for episode in episodes:
-        if not episode.done:
-            episode.stop_reason = "max_turns"
+    waiting, active = deque(episodes), []
+    limit = cfg.max_batch_size or len(episodes)
+    with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="tools") as pool:
+        while waiting or active:
+            while waiting and len(active) < limit:
+                active.append(waiting.popleft())
+            # 1. one policy turn for every active episode, batched
+            budgets = [min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(e.prompt_ids) - len(e.completion_ids)) for e in active]
+            turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], budgets, stop_ids=stop_ids, sampling=sampling, generator=generator)
+            # 2. record sampled tokens (mask 1) and decide how each turn ended
+            calls: list[tuple[Episode, str, str]] = []
+            for episode, turn in zip(active, turns):
+                episode.extend(turn.ids, 1, turn.logprobs)
+                episode.turns += 1
+                last = turn.ids[-1] if turn.ids else None
+                if last in closing:
+                    name = closing[last]
+                    calls.append((episode, name, _call_of_turn(tokenizer, turn.ids, tags[TOOL_TAGS[name][0]])))
+                else:
+                    episode.stop_reason = {tags[ANSWER_CLOSE]: "answer", eos: "eos"}.get(last, "max_tokens")
+            # 3. run this turn's tool calls together; append observations (mask 0)
+            for (episode, name, args), result in zip(calls, _dispatch(tools, calls, pool)):
+                obs_ids = encode_observation(tokenizer, result.observation, name)
+                truncated = len(obs_ids) > cfg.max_observation_tokens
+                if truncated:  # keep the closing tag so the policy still sees where the output ends
+                    obs_ids = obs_ids[: cfg.max_observation_tokens - 1] + [tags[OBSERVATION_TAGS[name][1]]]
+                episode.extend(obs_ids, 0)
+                episode.tool_calls.append({
+                    "name": name, "args": args, "result": result.observation, "error": result.error,
+                    "latency_s": round(result.latency_s, 5), "truncated": truncated,
+                })
+                if len(episode.prompt_ids) + len(episode.completion_ids) >= cfg.max_total_tokens:
+                    episode.stop_reason = "max_tokens"
+                elif episode.turns >= cfg.max_turns:
+                    episode.stop_reason = "max_turns"
+            active = [e for e in active if not e.done]  # finished episodes leave the batch
     return episodes

