@@ -42,6 +42,8 @@ rl_rounds = DynamicPartitionsDefinition(name="rl_round")
 CURVE_KEYS = ["reward/total/mean", "reward/outcome/pass_rate", "actor/entropy", "reward/total/std", "actor/kl_ref", "rollout/tool_call_rate"]
 # The early-warning signals (training/collapse.py), plotted together so a trend is visible at a glance.
 HEALTH_KEYS = ["actor/entropy", "reward/group_std_unsolved", "rollout/stuck_frac", "rollout/repeat_rate_failed", "actor/approx_kl", "actor/clip_frac", "actor/grad_norm"]
+# Rollout engine vs trainer: the log-prob gap on the recorded tokens (docs/rollout.md has the bound) and the cost of a step.
+ENGINE_KEYS = ["rollout/logprob_mismatch_max", "rollout/logprob_mismatch_mean", "perf/generate_s", "perf/step_s"]
 
 
 def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str) -> tuple[dict, str]:
@@ -90,7 +92,7 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     weights = pool_weights([t["task_id"] for t in tasks], history, cfg.rl.curriculum)
 
     def log(step: int, metrics: dict[str, float]) -> None:
-        shown = ("reward/total/mean", "reward/outcome/pass_rate", "rollout/tool_call_rate", "actor/entropy", "loss/kl", "perf/step_s")
+        shown = ("reward/total/mean", "reward/outcome/pass_rate", "rollout/tool_call_rate", "actor/entropy", "loss/kl", "rollout/logprob_mismatch_max", "perf/step_s")
         context.log.info(f"round {round_index} step {step}/{cfg.rl.steps_per_round}: " + ", ".join(f"{k}={metrics[k]:.3f}" for k in shown if k in metrics))
 
     params = {"rl": cfg.rl.model_dump(), "algorithm": asdict(algorithm), "engine": cfg.engine.model_dump(), "rollout": cfg.rollout.model_dump(),
@@ -112,6 +114,8 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         health = detect_collapse(result.history, cfg.rl.collapse)
         health_png = curves_png(result.history, HEALTH_KEYS, f"RL round {round_index}: collapse early-warning signals")
         tracker.log_png(run_id, health_png, "collapse_signals.png")
+        engine_png = curves_png(result.history, ENGINE_KEYS, f"RL round {round_index}: {cfg.rollout.engine} rollout engine vs trainer")
+        tracker.log_png(run_id, engine_png, "rollout_engine.png")
         tracker.log_metrics(run_id, {"round/collapse_warnings": float(len(health.warnings))})
     for warning in health.warnings:
         context.log.warning(f"round {round_index} collapse early-warning: {warning.message}")
@@ -143,6 +147,8 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         "uri": uri, "init_version": init_version, "mlflow_run_id": run_id, "final_entropy": last.get("actor/entropy", float("nan")),
         "algorithm": cfg.rl.algorithm, "resumed_from_step": result.resumed_from_step, "collapse_warnings": len(health.warnings),
         "collapse_signals": markdown_image(health_png, "collapse early-warning signals"),
+        "rollout_engine": cfg.rollout.engine, "max_logprob_mismatch": max(h.get("rollout/logprob_mismatch_max", 0.0) for h in result.history),
+        "engine_vs_trainer": markdown_image(engine_png, "rollout engine vs trainer"),
     })
 
 

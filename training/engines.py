@@ -268,6 +268,18 @@ class TorchEngine(TrainEngine):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
+def _drop_stale_deepspeed_groups() -> None:
+    """DeepSpeed caches its world group across engines in a process. Another library sharing the
+    process group (vLLM's in-process engine, which builds its groups on it) can leave that cached
+    group unregistered; DeepSpeed then fails with "Group ... is not registered". Drop the stale
+    references so DeepSpeed creates fresh groups."""
+    from deepspeed.utils import groups
+
+    cached = groups._WORLD_GROUP
+    if cached is not None and cached not in torch.distributed.distributed_c10d._world.pg_group_ranks:
+        groups._release_process_group_references(None)
+
+
 class DeepSpeedTrainEngine(TrainEngine):
     """DeepSpeed ZeRO 0-3 with torch's AdamW and LambdaLR handed over to it.
 
@@ -289,6 +301,7 @@ class DeepSpeedTrainEngine(TrainEngine):
         device = torch.device(get_accelerator().device_name())
         ensure_process_env()
         deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
+        _drop_stale_deepspeed_groups()
         _, world_size = _dist_rank_world()
         config = deepspeed_config(cfg, micro_batch_size=cfg.micro_batch_size or 1, grad_accum=1, grad_clip=grad_clip,
                                   device=device, world_size=world_size)

@@ -294,8 +294,8 @@ class VLLMEngine:
         return time.perf_counter() - start
 
     def close(self) -> None:
-        """Free the engine and its parallel groups, so a later engine (vLLM or DeepSpeed) in this
-        process starts clean; a torch process group someone else created (DeepSpeed's) stays."""
+        """Free the engine and, if it created the torch process group, its parallel groups, so a
+        later engine (vLLM or DeepSpeed) in this process starts clean."""
         import gc
 
         if getattr(self, "llm", None) is None:
@@ -304,9 +304,11 @@ class VLLMEngine:
 
         self.llm = None
         gc.collect()
-        destroy_model_parallel()
         if self._owns_process_group:
+            destroy_model_parallel()
             destroy_distributed_environment()
+        # else: vLLM's groups were built on a world someone else (DeepSpeed) created, and on one
+        # process they are that world's own group: destroying them would pull it from under its owner
 
 
 def build_rollout_engine(cfg: RolloutConfig, model, tokenizer, *, seed: int = 0) -> RolloutEngine:
