@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm]
 
 For each model size and engine, in one process and alternating:
-  (1) pure generation: every prompt of the batch continued in one engine call, stopping only at
-      EOS / `</answer>` (no tool tags), budget = the trajectory's whole token budget;
-  (2) agentic rollout: the same prompts, engine, sampling and batch through `run_episodes`, with
-      the real tools (bubblewrap sandbox, BM25 search), tool output appended and masked.
+  (2) agentic rollout: the batch's prompts through `run_episodes` with the real tools (bubblewrap
+      sandbox, BM25 search), tool output appended and masked;
+  (1) pure generation: the same prompts, engine and sampling, each prompt generating exactly as
+      many tokens as its episode sampled in (2), in one engine call with no stops and no tools.
 Throughput is tokens the policy sampled per wall-clock second; the ratio (2)/(1) is what tools,
 extra turns and bookkeeping cost. Engine start-up (HF: model load; vLLM: `LLM(...)`) and one vLLM
 weight sync are timed too. The models are warm-started (short SFT on teacher trajectories,
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 SIZES = {
     "tiny": {},
     "20m": {"model.hidden_size": 512, "model.intermediate_size": 1408, "model.num_hidden_layers": 6, "model.num_attention_heads": 8,
-            "model.num_key_value_heads": 8},
+            "model.num_key_value_heads": 8, "sft.batch_size": 16, "sft.learning_rate": 3e-4},
 }
 # Enough data to warm-start tool use; the full tiny data set would only slow the set-up.
 DATA = {"data.families.arithmetic.train_tasks": 1500, "data.families.search.train_tasks": 800, "data.families.code.train_tasks": 1500,
@@ -59,20 +59,17 @@ def warm_model(size: str, sft_steps: int, home: Path, sandbox):
     return cfg, folder, model, load_tokenizer(folder), saved["tasks"], saved["kb"]
 
 
-def pure_generation(engine, tokenizer, prompts: list[list[int]], cfg, sampling, seed: int) -> tuple[int, float]:
+def pure_generation(engine, prompts: list[list[int]], lengths: list[int], sampling, seed: int) -> tuple[int, float]:
+    """The same prompts, each generating exactly the number of tokens its episode sampled in the
+    agentic run, in one engine call with no stops: the same work without tools or turns."""
     import torch
 
-    from training.tokenizer import tag_ids
-    from verifiers.protocol import ANSWER_CLOSE
-
-    stops = {tokenizer.eos_token_id, tag_ids(tokenizer)[ANSWER_CLOSE]}
-    budgets = [cfg.rollout.max_total_tokens - len(p) for p in prompts]
     start = time.perf_counter()
-    out = engine.generate(prompts, budgets, stop_ids=stops, sampling=sampling, generator=torch.Generator().manual_seed(seed))
+    out = engine.generate(prompts, lengths, stop_ids=set(), sampling=sampling, generator=torch.Generator().manual_seed(seed))
     return sum(len(g.ids) for g in out), time.perf_counter() - start
 
 
-def agentic(engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: int) -> tuple[int, float, float, float]:
+def agentic(engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: int) -> tuple[int, float, float, float, list[int]]:
     import torch
 
     from training.rollout import run_episodes
@@ -81,7 +78,8 @@ def agentic(engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: 
     episodes = run_episodes(engine, tokenizer, tasks, group_size=group, tools=tools, cfg=cfg.rollout, generator=torch.Generator().manual_seed(seed))
     wall = time.perf_counter() - start
     tool_s = sum(c["latency_s"] for e in episodes for c in e.tool_calls)
-    return sum(sum(e.tool_mask) for e in episodes), wall, sum(bool(e.tool_calls) for e in episodes) / len(episodes), tool_s
+    lengths = [sum(e.tool_mask) for e in episodes]
+    return sum(lengths), wall, sum(bool(e.tool_calls) for e in episodes) / len(episodes), tool_s, lengths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
                 sync_s = engine.sync_weights(model)
                 pure_runs, agent_runs = [], []
                 for repeat in range(args.repeats + 1):  # the first of each is a warm-up, not measured
-                    pure = pure_generation(engine, tok, prompts, cfg, sampling, seed=repeat)
                     agent = agentic(engine, tok, batch, args.group, tools, cfg, seed=repeat)
+                    pure = pure_generation(engine, prompts, agent[4], sampling, seed=repeat)
                     if repeat:
                         pure_runs.append(pure)
-                        agent_runs.append(agent)
-                    print(f"[bench] {size} {kind} #{repeat}: pure {pure[0]} tok in {pure[1]:.2f}s; agentic {agent[0]} tok in {agent[1]:.2f}s "
+                        agent_runs.append(agent[:4])
+                    print(f"[bench] {size} {kind} #{repeat}: agentic {agent[0]} tok in {agent[1]:.2f}s; pure {pure[0]} tok in {pure[1]:.2f}s "
                           f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)", flush=True)
                 engine.close()
                 pure_tps = statistics.median(t / s for t, s in pure_runs)

@@ -22,15 +22,31 @@ MISMATCH_BOUND = {"hf": 1e-4, "vllm": 1e-3}
 
 
 class RecordingEngine:
-    """Passes calls through to a real engine and keeps what each call was asked and sampled."""
+    """Passes calls through to a real engine (either schedule) and keeps every turn it served:
+    the exact sequence it was given and what it sampled."""
 
     def __init__(self, inner):
-        self.inner, self.name, self.calls = inner, inner.name, []
+        self.inner, self.name, self.calls, self.turns = inner, inner.name, [], []
+        self.continuous = getattr(inner, "continuous", False)
+        self.submitted = {}
 
     def generate(self, sequences, budgets, **kwargs):
         out = self.inner.generate(sequences, budgets, **kwargs)
         self.calls.append(([list(s) for s in sequences], budgets, [Generation(list(g.ids), list(g.logprobs)) for g in out]))
+        self.turns += [(list(s), Generation(list(g.ids), list(g.logprobs))) for s, g in zip(sequences, out)]
         return out
+
+    def submit(self, key, sequence, budget, **kwargs):
+        self.submitted[key] = list(sequence)
+        self.inner.submit(key, sequence, budget, **kwargs)
+
+    def poll(self):
+        out = self.inner.poll()
+        self.turns += [(self.submitted[key], Generation(list(g.ids), list(g.logprobs))) for key, g in out]
+        return out
+
+    def busy(self):
+        return self.inner.busy()
 
     def sync_weights(self, model):
         return self.inner.sync_weights(model)
@@ -93,15 +109,17 @@ def test_rollouts_are_token_exact(kind, family, warm_policy, micro_cfg, tmp_path
     episodes = run_episodes(engine, tok, tasks_of(warm_policy, family), group_size=4, tools=warm_policy.tools, cfg=cfg,
                             generator=torch.Generator().manual_seed(0))
     assert sum(len(e.tool_calls) for e in episodes) > 0, f"the warm-started policy made no {family} tool call"
-    # (a) replay the engine calls: with no batch cap, call k advanced exactly the episodes with more
-    # than k turns, in order; each turn is one engine answer, then one tokenized observation
-    replay = {id(e): ([], [], []) for e in episodes}
-    for k, (sequences, _, generations) in enumerate(engine.calls):
-        active = [e for e in episodes if e.turns > k]
-        assert len(active) == len(sequences)
-        for e, seq, gen in zip(active, sequences, generations):
-            ids, mask, logprobs = replay[id(e)]
-            assert seq == e.prompt_ids + ids  # the engine was given exactly the recorded history
+    # (a) replay: each turn of each episode must be one engine answer, given exactly the recorded
+    # history (each answer used once), followed by exactly the tokenized observation
+    unused = list(engine.turns)
+    for e in episodes:
+        ids, mask, logprobs = [], [], []
+        for k in range(e.turns):
+            history = e.prompt_ids + ids
+            match = next((t for t in unused if t[0] == history and e.completion_ids[len(ids): len(ids) + len(t[1].ids)] == t[1].ids), None)
+            assert match is not None, f"turn {k} of {e.group_id}/{e.sample_index} is not what the engine sampled for that history"
+            unused.remove(match)
+            gen = match[1]
             ids += gen.ids
             mask += [1] * len(gen.ids)
             logprobs += gen.logprobs
@@ -113,11 +131,10 @@ def test_rollouts_are_token_exact(kind, family, warm_policy, micro_cfg, tmp_path
                 ids += obs
                 mask += [0] * len(obs)
                 logprobs += [0.0] * len(obs)
-    for e in episodes:
-        ids, mask, logprobs = replay[id(e)]
         assert e.completion_ids == ids
         assert e.tool_mask == mask  # (b)
         assert e.logprobs == logprobs
+    assert not unused, "the engine sampled turns no episode recorded"
     # (c) what the trainer computes, as logged every RL step
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
     _, gap = trainer_gap(warm_policy.model, records, temperature=cfg.temperature, pad_id=tok.eos_token_id)
@@ -149,6 +166,8 @@ def test_sampling_parameters_are_honoured(kind, warm_policy, request):
     assert run(Sampling(temperature=1.0), seed=3) == run(Sampling(temperature=1.0), seed=3)  # seeded: reproducible
     assert run(Sampling(temperature=1.0), seed=3) != run(Sampling(temperature=1.0), seed=4)
     assert all(len(ids) <= 12 for ids in run(Sampling(temperature=1.0)))
+    exact = engine.generate(prompts, [3, 7, 1, 0, 5, 9], stop_ids=set(), sampling=Sampling(), generator=torch.Generator().manual_seed(0))
+    assert [len(g.ids) for g in exact] == [3, 7, 1, 0, 5, 9]  # no stop ids: exactly the budget, EOS included
     # top-k 3: every sampled token is among the 3 most likely, and its log-prob is renormalized over them
     out = engine.generate(prompts, budgets, stop_ids=stops, sampling=Sampling(top_k=3, temperature=0.7), generator=torch.Generator().manual_seed(1))
     for prompt, gen in zip(prompts, out):
@@ -206,8 +225,26 @@ def test_batch_cap_lets_waiting_episodes_join_as_others_finish(warm_policy, micr
     capped_engine = RecordingEngine(HFEngine(warm_policy.model))
     capped = run_episodes(capped_engine, tok, tasks, group_size=1, tools=warm_policy.tools,
                           cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}), greedy=True)
-    assert max(len(sequences) for sequences, _, _ in capped_engine.calls) == 4
+    assert max(len(sequences) for sequences, _, _ in capped_engine.calls) == 4  # HF: one call per turn
     assert [e.completion_ids for e in capped] == [e.completion_ids for e in full]  # greedy: batching changes nothing
+
+
+def test_vllm_continuous_schedule_respects_the_batch_cap(warm_policy, micro_cfg, vllm_engine):
+    tok = warm_policy.tokenizer
+    tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 3)]
+    seen = []
+
+    class Counting(RecordingEngine):
+        def submit(self, key, sequence, budget, **kwargs):
+            super().submit(key, sequence, budget, **kwargs)
+            seen.append(len(self.submitted) - len(self.turns))  # requests in flight after this one
+
+    full = run_episodes(vllm_engine, tok, tasks, group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    capped = run_episodes(Counting(vllm_engine), tok, tasks, group_size=2, tools=warm_policy.tools,
+                          cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}), generator=torch.Generator().manual_seed(0))
+    assert max(seen) <= 4
+    # seeds depend on (episode, turn) only, so who shared a step does not change what was sampled
+    assert sum(a.completion_ids == b.completion_ids for a, b in zip(full, capped)) >= 0.9 * len(full)
 
 
 class BarrierTool:

