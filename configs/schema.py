@@ -163,6 +163,8 @@ class VLLMConfig(_Strict):
                                            "estimate counts the trainer's own memory. None: size it from gpu_memory_utilization.")
     enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile: start-up in seconds (CPU, tests).")
     enable_prefix_caching: bool = Field(True, description="Turn k+1 reuses turn k's KV blocks.")
+    block_size: int | None = Field(32, ge=16, description="KV-cache block size. Prefix caching reuses whole blocks only, and vLLM's CPU "
+                                   "default (128) is longer than most of our trajectories: 32 lets a turn reuse the previous turns' KV. None: vLLM's default.")
     max_num_batched_tokens: int = Field(16384, ge=256, description="Tokens per engine step (prefills are not chunked; raised to the longest sequence if below).")
 
 

@@ -70,3 +70,9 @@ def test_override_inside_a_default_mapping_keeps_the_rest():
     assert set(cfg.reward.terms) == {"format", "tool_cost", "tool_misuse", "overlong"}
     assert set(cfg.reward.verifiers) == {"arithmetic", "search", "code"}
     assert cfg.reward.verifiers["arithmetic"].name == "math" and cfg.reward.verifiers["arithmetic"].params == {"rel_tol": 0.0}
+
+
+def test_vllm_on_cpu_refuses_a_head_size_its_kernels_lack():
+    assert load_profile("tiny", {"rollout.engine": "vllm"}).rollout.vllm.block_size == 32  # head size 128/4 = 32: served
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm on CPU needs a head size .* model.hidden_size 128 / model.num_attention_heads 8 = 16"):
+        load_profile("tiny", {"rollout.engine": "vllm", "model.num_attention_heads": 8, "model.num_key_value_heads": 8})

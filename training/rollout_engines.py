@@ -232,6 +232,7 @@ class VLLMEngine:
                 kv_cache_memory_bytes=cfg.vllm.kv_cache_memory_mb * 2**20 if cfg.vllm.kv_cache_memory_mb else None,
                 enforce_eager=cfg.vllm.enforce_eager,
                 enable_prefix_caching=cfg.vllm.enable_prefix_caching,  # turn k+1 re-reads turn k's prefix
+                **({"block_size": cfg.vllm.block_size} if cfg.vllm.block_size else {}),
                 logprobs_mode="processed_logprobs",  # after temperature / top-k / top-p: what was sampled from
                 max_logprobs=0,
             )
@@ -340,6 +341,6 @@ class VLLMEngine:
 
 def build_rollout_engine(cfg: RolloutConfig, model, tokenizer, *, seed: int = 0) -> RolloutEngine:
     """The engine `rollout.engine` names, serving `model`'s current weights."""
-    if cfg.engine == "vllm":
-        return VLLMEngine.from_model(model, tokenizer, cfg, seed=seed)
+    if cfg.engine == "vllm":  # served in the trainer's dtype (fp32 here, bf16 on GPU profiles)
+        return VLLMEngine.from_model(model, tokenizer, cfg, seed=seed, dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
     return HFEngine(model)
