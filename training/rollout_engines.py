@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,8 +162,10 @@ def _without_unscannable_modules():
     bm25s imports for the search tool) have a `__dict__` without `.get`, and the scan crashes
     ("'_lib_fn_wrapper' object has no attribute 'get'"). Such modules are out of sys.modules
     only while the engine starts, and put back unchanged."""
-    hidden = {name: module for name, module in list(sys.modules.items())
-              if isinstance(getattr(module, "__dict__", None), dict) and any(_unscannable(v) for v in list(vars(module).values()))}
+    with warnings.catch_warnings():  # touching deprecated module attributes warns; the scan only looks
+        warnings.simplefilter("ignore")
+        hidden = {name: module for name, module in list(sys.modules.items())
+                  if isinstance(getattr(module, "__dict__", None), dict) and any(_unscannable(v) for v in list(vars(module).values()))}
     for name in hidden:
         del sys.modules[name]
     try:
