@@ -212,9 +212,19 @@ def test_vllm_serves_new_weights_after_sync_without_restart(via, warm_policy, mi
         vllm_engine.sync_weights(warm_policy.model)  # the module's engine serves the warm policy again
 
 
-def test_hf_engine_shares_the_trainers_tensors(warm_policy):
-    engine = HFEngine(warm_policy.model)
-    assert engine.sync_weights(warm_policy.model) < 0.01  # same object: nothing to copy
+def test_hf_engine_serves_the_trainers_weights(warm_policy):
+    import copy
+
+    shared = HFEngine(warm_policy.model)
+    assert shared.model is warm_policy.model  # the trainer's own tensors: an update is served at once
+    served = HFEngine(copy.deepcopy(warm_policy.model))
+    moved = copy.deepcopy(warm_policy.model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05)
+    served.sync_weights(moved)  # another object: copied in place
+    for a, b in zip(served.model.state_dict().values(), moved.state_dict().values()):
+        assert torch.equal(a, b)
 
 
 # --------------------------------------------------------------------------- the agent loop

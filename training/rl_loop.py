@@ -410,7 +410,7 @@ def train_round(
             critic = engines["critic"].model if algo.critic else None
             samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
                                                     temperature=rollout.temperature, pad_id=pad_id) if train_records else ([], {})
-            if not samples and not train_records:  # nothing to train on; the engine gap is still measured
+            if not train_records:  # nothing to train on; the engine gap is still measured
                 prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id)[1]
             # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
             advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}

@@ -1,12 +1,13 @@
 """Multi-turn agent loop on token ids, over any rollout engine (training/rollout_engines.py).
 
-Each turn, every active episode generates until a stop tag (`</code>`, `</search>`,
-`</answer>`), EOS or its budget, in one batched engine call. Episodes that stopped on a tool's
-closing tag have their calls run together (each tool's batch on its own thread; the sandbox and
-the index run calls concurrently inside), the observation's ids are appended with tool_mask 0
-and logprob 0, and the loop goes on. Finished episodes leave the batch and, when
-`rollout.max_batch_size` caps it, waiting ones join. Ids sampled by the policy are recorded as
-sampled; text is only ever derived from ids (for the tool and for logs), never the other way round.
+A turn of an episode generates until a stop tag (`</code>`, `</search>`, `</answer>`), EOS or its
+budget. A turn that stopped on a tool's closing tag has its call run (the calls that end together
+go out batched per tool, tools concurrently), the observation's ids are appended with tool_mask 0
+and logprob 0, and the episode goes on. Two schedules drive turns: one batched engine call per
+turn (HF), or one request per turn fed as tool results return (vLLM, continuous). Finished
+episodes leave the batch and, when `rollout.max_batch_size` caps it, waiting ones join. Ids
+sampled by the policy are recorded as sampled; text is only ever derived from ids (for the tool
+and for logs), never the other way round.
 """
 
 from __future__ import annotations
