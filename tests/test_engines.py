@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,10 @@ import torch
 from configs.schema import EngineConfig
 from training import distributed_check as dc
 from training.engines import (
+    STALE_BUILD_LOCK_S,
     accumulate_step,
     build_engine,
+    clear_stale_extension_locks,
     deepspeed_config,
     micro_batches,
     resolve_precision,
@@ -279,3 +282,17 @@ def test_rank_invariance_deepspeed(stage, rows, micro, loss, tmp_path):
     one = dc.run_check(EngineConfig(kind="deepspeed", zero_stage=stage, micro_batch_size=micro), steps=STEPS,
                        num_rows=rows, loss=loss)
     assert_same_training(one, two, atol=FP32_ATOL, norm_rtol=1e-3)
+
+
+def test_stale_extension_build_lock_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):
+    """A run killed while DeepSpeed compiled its comm op leaves torch's `lock` file behind, and the
+    next `init_distributed` would wait on it forever (a CI run hung 90 min this way)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, live = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"
+    for lock in (stale, live):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    old = time.time() - STALE_BUILD_LOCK_S - 60
+    os.utime(stale, (old, old))
+    assert clear_stale_extension_locks() == [stale]
+    assert not stale.exists() and live.exists()

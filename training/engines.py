@@ -17,8 +17,10 @@ default) never pays for its import.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,6 +30,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from configs.schema import EngineConfig
+
+log = logging.getLogger(__name__)
 
 LossFn = Callable[[list, Tensor], tuple[Tensor, dict[str, float]]]  # (chunk, global_counts) -> (loss, metrics)
 CountFn = Callable[[list], Tensor]  # chunk -> (k,) counts, e.g. (num_policy_tokens, num_seqs)
@@ -107,6 +111,31 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+STALE_BUILD_LOCK_S = 600.0  # DeepSpeed's shm op compiles in ~1 min on 2 cores
+
+
+def clear_stale_extension_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Remove torch C++-extension build locks left by a process killed mid-compile.
+
+    DeepSpeed JIT-compiles its shared-memory comm op at `init_distributed`; torch guards the build
+    with a bare `lock` file and waits forever while it exists. A run killed during that minute
+    leaves the lock behind and every later DeepSpeed start hangs, so a lock older than any real
+    build is removed (with a warning naming it)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    now, removed = time.time(), []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        try:
+            if now - lock.stat().st_mtime > max_age_s:
+                lock.unlink()
+                removed.append(lock)
+                log.warning("removed stale torch extension build lock %s (older than %.0f s)", lock, max_age_s)
+        except FileNotFoundError:  # another process finished or removed it meanwhile
+            continue
+    return removed
 
 
 def ensure_process_env() -> None:
@@ -300,6 +329,7 @@ class DeepSpeedTrainEngine(TrainEngine):
         # which is not installed, so gloo.
         device = torch.device(get_accelerator().device_name())
         ensure_process_env()
+        clear_stale_extension_locks()
         deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
         _drop_stale_deepspeed_groups()
         _, world_size = _dist_rank_world()
