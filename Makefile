@@ -5,7 +5,7 @@ export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint dagster-ui mlflow-ui audit clean
+.PHONY: setup run test lint dagster-ui mlflow-ui audit models promote rollback clean
 setup:
 	@bash scripts/setup.sh
 
@@ -24,6 +24,17 @@ ROUND ?= 1
 audit: setup
 	FLYWHEEL_PROFILE=$(PROFILE) DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster asset materialize -m pipelines.definitions \
 		--select reward_audit --partition $(ROUND) $(if $(CONFIG),--config-json '$(CONFIG)',)
+
+# Model registry (README "Model registry"): make models | make promote VERSION=3 [FORCE=1] | make rollback
+models: setup
+	$(PY) -m pipelines.registry --profile $(PROFILE) list
+
+promote: setup
+	@test -n "$(VERSION)" || { echo "usage: make promote VERSION=<n> [FORCE=1]"; exit 2; }
+	$(PY) -m pipelines.registry --profile $(PROFILE) promote $(VERSION) $(if $(FORCE),--force,)
+
+rollback: setup
+	$(PY) -m pipelines.registry --profile $(PROFILE) rollback
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --port 5000

@@ -52,7 +52,10 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
             "stage": stage, "round": context.partition_key if context.has_partition_key else "", "checkpoint_uri": pointer["uri"],
             "promoted": str(bool(decision["promote"])).lower(), **({"blocked_by": blocked_by} if blocked_by else {}),
         })
-        tracker.set_alias(CHAMPION if decision["promote"] else CHALLENGER, version.version)
+        if decision["promote"]:
+            tracker.promote(version.version, "gate")
+        else:
+            tracker.set_alias(CHALLENGER, version.version)
         png = pass_at_1_by_version(tracker)
         tracker.log_png(run_id, png, "pass_at_1_by_version.png")
     context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}"

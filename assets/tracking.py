@@ -13,6 +13,8 @@ from typing import Any, Iterator
 from dagster import ConfigurableResource
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+CHAMPION_HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of champion versions, oldest first
+HISTORY_KEPT = 200  # entries; MLflow tag values are capped at a few thousand characters
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -111,6 +113,40 @@ class MLflowTracker(ConfigurableResource):
 
     def set_alias(self, alias: str, version: str) -> None:
         self.client().set_registered_model_alias(self.registered_model, alias, version)
+
+    def champion_history(self) -> list[str]:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            model = self.client().get_registered_model(self.registered_model)
+        except MlflowException:
+            return []
+        return json.loads(model.tags.get(CHAMPION_HISTORY_TAG, "[]"))
+
+    def promote(self, version: str, reason: str) -> None:
+        """Make `version` the champion, recording why (the gate, or a forced promotion) on the
+        version and appending it to the champion history that `rollback` walks back."""
+        client = self.client()
+        history = [*self.champion_history(), str(version)][-HISTORY_KEPT:]
+        client.set_registered_model_alias(self.registered_model, CHAMPION, str(version))
+        client.set_registered_model_tag(self.registered_model, CHAMPION_HISTORY_TAG, json.dumps(history))
+        client.set_model_version_tag(self.registered_model, str(version), "promoted_by", reason)
+
+    def rollback(self) -> tuple[str, str]:
+        """Give the champion alias back to the previous champion; returns (from, to)."""
+        current = self.version_by_alias(CHAMPION)
+        if current is None:
+            raise LookupError(f"registered model {self.registered_model!r} has no champion to roll back")
+        history, was = self.champion_history(), str(current.version)
+        earlier = [i for i, v in enumerate(history) if v != was]
+        if not earlier:
+            raise LookupError(f"version {was} is the only champion {self.registered_model!r} has had: nothing to roll back to")
+        target = history[earlier[-1]]
+        client = self.client()
+        client.set_registered_model_alias(self.registered_model, CHAMPION, target)
+        client.set_registered_model_tag(self.registered_model, CHAMPION_HISTORY_TAG, json.dumps(history[: earlier[-1] + 1]))
+        client.set_model_version_tag(self.registered_model, was, "rolled_back", "true")
+        return was, target
 
     def versions(self) -> list:
         from mlflow.exceptions import MlflowException

@@ -1,6 +1,6 @@
 """Rollout throughput of each engine: pure generation vs the agent loop with tools, side by side.
 
-    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm]
+    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm,vllm-per-turn]
 
 For each model size and engine, in one process and alternating:
   (2) agentic rollout: the batch's prompts through `run_episodes` with the real tools (bubblewrap
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"))
     parser.add_argument("--sizes", default="tiny,20m")
-    parser.add_argument("--engines", default="hf,vllm")
+    parser.add_argument("--engines", default="hf,vllm,vllm-per-turn", help="vllm-per-turn: vLLM with rollout.vllm.sessions off")
     parser.add_argument("--sft-steps", default="tiny=400,20m=120", help="warm-start SFT steps per size")
     parser.add_argument("--prompts", type=int, default=32, help="tasks per batch (an RL step's prompts)")
     parser.add_argument("--group", type=int, default=8, help="samples per task; batch = prompts x group")
-    parser.add_argument("--repeats", type=int, default=3, help="measured repeats per mode, after one warm-up")
+    parser.add_argument("--repeats", type=int, default=5, help="measured repeats per mode, after one warm-up")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                     from training.model import load_policy
 
                     engine = HFEngine(load_policy(folder))
-                else:
-                    engine = VLLMEngine(folder, cfg.rollout, seed=0)
+                else:  # "vllm": an episode is one session (KV kept between turns); "vllm-per-turn": a request per turn
+                    rollout = cfg.rollout.model_copy(update={"vllm": cfg.rollout.vllm.model_copy(update={"sessions": kind == "vllm"})})
+                    engine = VLLMEngine(folder, rollout, seed=0)
                 startup = time.perf_counter() - start
                 sync_s = engine.sync_weights(model)
                 pure_runs, agent_runs = [], []

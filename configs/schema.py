@@ -166,6 +166,9 @@ class VLLMConfig(_Strict):
     block_size: int | None = Field(32, ge=16, description="KV-cache block size. Prefix caching reuses whole blocks only, and vLLM's CPU "
                                    "default (128) is longer than most of our trajectories: 32 lets a turn reuse the previous turns' KV. None: vLLM's default.")
     max_num_batched_tokens: int = Field(16384, ge=256, description="Tokens per engine step (prefills are not chunked; raised to the longest sequence if below).")
+    sessions: bool = Field(True, description="Keep an episode's KV cache between its turns (vLLM streaming-input sessions): the next "
+                           "turn prefills only the tool observation. False: each turn is a new request that re-reads its prefix "
+                           "through the prefix cache (whole blocks only).")
 
 
 class RolloutConfig(_Strict):

@@ -28,7 +28,7 @@ class RecordingEngine:
     def __init__(self, inner):
         self.inner, self.name, self.calls, self.turns = inner, inner.name, [], []
         self.continuous = getattr(inner, "continuous", False)
-        self.submitted = {}
+        self.submitted, self.in_flight = {}, set()
 
     def generate(self, sequences, budgets, **kwargs):
         out = self.inner.generate(sequences, budgets, **kwargs)
@@ -38,15 +38,20 @@ class RecordingEngine:
 
     def submit(self, key, sequence, budget, **kwargs):
         self.submitted[key] = list(sequence)
+        self.in_flight.add(key)
         self.inner.submit(key, sequence, budget, **kwargs)
 
     def poll(self):
         out = self.inner.poll()
+        self.in_flight -= {key for key, _ in out}
         self.turns += [(self.submitted[key], Generation(list(g.ids), list(g.logprobs))) for key, g in out]
         return out
 
     def busy(self):
         return self.inner.busy()
+
+    def end(self, key):
+        self.inner.end(key)
 
     def sync_weights(self, model):
         return self.inner.sync_weights(model)
@@ -247,14 +252,73 @@ def test_vllm_continuous_schedule_respects_the_batch_cap(warm_policy, micro_cfg,
     class Counting(RecordingEngine):
         def submit(self, key, sequence, budget, **kwargs):
             super().submit(key, sequence, budget, **kwargs)
-            seen.append(len(self.submitted) - len(self.turns))  # requests in flight after this one
+            seen.append(len(self.in_flight))  # turns in flight after this one
 
     full = run_episodes(vllm_engine, tok, tasks, group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
     capped = run_episodes(Counting(vllm_engine), tok, tasks, group_size=2, tools=warm_policy.tools,
                           cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}), generator=torch.Generator().manual_seed(0))
     assert max(seen) <= 4
-    # seeds depend on (episode, turn) only, so who shared a step does not change what was sampled
+    # seeds depend on the episode only, so who shared a step does not change what was sampled
     assert sum(a.completion_ids == b.completion_ids for a, b in zip(full, capped)) >= 0.9 * len(full)
+
+
+@pytest.mark.parametrize("sessions", [True, False])
+def test_vllm_sessions_prefill_only_what_a_turn_adds(sessions, warm_policy, micro_cfg, vllm_engine, monkeypatch):
+    """With sessions an episode keeps its KV cache between turns: a later turn sends vLLM only the
+    previous turn's last sampled id (whose KV vLLM has not computed yet) and the observation. Both
+    modes stay token-exact (the trainer's log-probs match) and leave nothing open in the engine."""
+    tok = warm_policy.tokenizer
+    chunks = []
+    monkeypatch.setattr(vllm_engine, "sessions", sessions)
+    add_chunk = vllm_engine._add_session_chunk
+    monkeypatch.setattr(vllm_engine, "_add_session_chunk", lambda key, ids, params: (chunks.append((key, list(ids))), add_chunk(key, ids, params)))
+    tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 3)]
+    episodes = run_episodes(vllm_engine, tok, tasks, group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    assert not vllm_engine.llm.llm_engine.has_unfinished_requests() and not vllm_engine._sessions
+    records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
+    assert trainer_gap(warm_policy.model, records, temperature=micro_cfg.rollout.temperature, pad_id=tok.eos_token_id)[1][
+        "rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"]
+    if not sessions:
+        assert not chunks
+        return
+    by_episode = {}
+    for key, ids in chunks:  # keys are "<base seed>-<episode index>"
+        by_episode.setdefault(int(key.split("-")[1]), []).append(ids)
+    continued = 0
+    for i, e in enumerate(episodes):
+        sent = by_episode[i]
+        assert sent[0] == e.prompt_ids and len(sent) == min(e.turns, len(e.tool_calls) + 1)
+        for k, ids in enumerate(sent[1:]):  # turn k+1: the last id turn k sampled, then observation k
+            start, end = _observation_span(e, k)
+            assert ids == e.completion_ids[start - 1: end]
+            continued += 1
+    assert continued > 0, "no episode had a second turn"
+
+
+def _observation_span(episode, k):
+    """(start, end) of observation k in completion_ids: the k-th run of mask-0 ids."""
+    runs, start = [], None
+    for i, m in enumerate(episode.tool_mask + [1]):
+        if m == 0 and start is None:
+            start = i
+        elif m == 1 and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs[k]
+
+
+def test_vllm_fails_clearly_when_no_turn_can_be_scheduled(warm_policy, micro_cfg, vllm_engine, monkeypatch):
+    """Steps that yield nothing while turns are in flight (sessions holding the whole KV cache)
+    must end the rollout with the settings to change, not spin forever."""
+    monkeypatch.setattr(vllm_engine.llm.llm_engine, "step", lambda: [])
+    vllm_engine._running["stuck"] = Generation([], [])
+    try:
+        with pytest.raises(RuntimeError, match="kv_cache_memory_mb.*max_batch_size.*sessions"):
+            while True:
+                vllm_engine.poll()
+    finally:
+        vllm_engine._running.clear()
+        vllm_engine._idle_steps = 0
 
 
 class BarrierTool:

@@ -174,14 +174,18 @@ class _Loop:
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
     def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, base_seed: int) -> None:
-        """Each turn is its own engine request. Turns that end on a tool call in the same engine
-        step go to the tools as one batch on a dispatcher thread; when it returns, those episodes'
-        next turns join the running batch at once. Seeds depend on (episode, turn) only, so the
+        """Each turn is its own engine request (on vLLM, a chunk of the episode's session, so its
+        KV cache stays put between turns). Turns that end on a tool call in the same engine step go
+        to the tools as one batch on a dispatcher thread; when it returns, those episodes' next
+        turns join the running batch at once. Seeds depend on the episode (and turn) only, so the
         sampled ids do not depend on which episodes happened to share a step."""
         index = {id(e): i for i, e in enumerate(episodes)}
         waiting = deque(episodes)
         limit = self.cfg.max_batch_size or len(episodes)
         live, jobs = 0, []  # episodes admitted and not done; tool batches in flight
+
+        def key(episode: Episode) -> str:
+            return f"{base_seed}-{index[id(episode)]}"
 
         def submit(episode: Episode) -> bool:
             budget = self.budget(episode)
@@ -190,29 +194,37 @@ class _Loop:
                 episode.stop_reason = "max_tokens"
                 return False
             i = index[id(episode)]
-            engine.submit(f"{base_seed}-{i}-{episode.turns}", episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
+            engine.submit(key(episode), episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
                           sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31)
             return True
 
-        with ThreadPoolExecutor(max_workers=self.cfg.tool_workers, thread_name_prefix="tool-batches") as dispatcher:
-            while waiting or live:
-                while waiting and live < limit:
-                    live += submit(waiting.popleft())
-                calls = []
-                for key, turn in engine.poll() if engine.busy() else []:
-                    episode = episodes[int(key.split("-")[1])]
-                    call = self.record_turn(episode, turn)
-                    if call:
-                        calls.append(call)
-                    else:
-                        live -= 1
-                if calls:
-                    jobs.append((calls, dispatcher.submit(_dispatch, self.tools, calls, pool)))
-                if jobs and not engine.busy():  # nothing to generate until a tool batch returns
-                    wait([future for _, future in jobs], return_when=FIRST_COMPLETED)
-                for job in [job for job in jobs if job[1].done()]:
-                    jobs.remove(job)
-                    for (episode, name, args), result in zip(job[0], job[1].result()):
-                        self.record_observation(episode, name, args, result)
-                        if episode.done or not submit(episode):
-                            live -= 1
+        def finish(episode: Episode) -> int:
+            engine.end(key(episode))  # frees what the engine kept for the episode
+            return 1
+
+        try:
+            with ThreadPoolExecutor(max_workers=self.cfg.tool_workers, thread_name_prefix="tool-batches") as dispatcher:
+                while waiting or live:
+                    while waiting and live < limit:
+                        live += submit(waiting.popleft())
+                    calls = []
+                    for k, turn in engine.poll() if engine.busy() else []:
+                        episode = episodes[int(k.split("-")[1])]
+                        call = self.record_turn(episode, turn)
+                        if call:
+                            calls.append(call)
+                        else:
+                            live -= finish(episode)
+                    if calls:
+                        jobs.append((calls, dispatcher.submit(_dispatch, self.tools, calls, pool)))
+                    if jobs and not engine.busy():  # nothing to generate until a tool batch returns
+                        wait([future for _, future in jobs], return_when=FIRST_COMPLETED)
+                    for job in [job for job in jobs if job[1].done()]:
+                        jobs.remove(job)
+                        for (episode, name, args), result in zip(job[0], job[1].result()):
+                            self.record_observation(episode, name, args, result)
+                            if episode.done or not submit(episode):
+                                live -= finish(episode)
+        finally:  # on an error too: no session may outlive the loop
+            for episode in episodes:
+                engine.end(key(episode))

