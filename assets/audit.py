@@ -14,6 +14,7 @@ import pandas as pd
 from dagster import AssetExecutionContext, AssetIn, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from assets.policies import FLAKY_STEP_RETRY
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.rl import rl_rounds
 from assets.sft import records
@@ -34,7 +35,7 @@ class AuditConfig(Config):
     examples: int = Field(default=10, description="Disagreements shown in the asset's metadata.")
 
 
-@asset(group_name="rl", partitions_def=rl_rounds, ins={"rollout_batches": AssetIn(), "verified_rewards": AssetIn(), "training_tasks": AssetIn(), "tokenizer": AssetIn()},
+@asset(group_name="rl", partitions_def=rl_rounds, retry_policy=FLAKY_STEP_RETRY, ins={"rollout_batches": AssetIn(), "verified_rewards": AssetIn(), "training_tasks": AssetIn(), "tokenizer": AssetIn()},
        description="Stored rollouts of a round re-scored with another verifier configuration; one row per disagreement.")
 def reward_audit(context: AssetExecutionContext, config: AuditConfig, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                  tracker: MLflowTracker, rollout_batches: pd.DataFrame, verified_rewards: pd.DataFrame, training_tasks: pd.DataFrame,

@@ -5,6 +5,7 @@ import torch
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.plots import bars_png, markdown_image
+from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.rl import rl_rounds, round_health
 from assets.sft import load_checkpoint, records
@@ -93,14 +94,16 @@ def pass_at_1_by_version(tracker: MLflowTracker) -> bytes:
     return bars_png(labels, values, lows, highs, "held-out pass@1 by model version")
 
 
-@asset(group_name="benchmark", description="SFT checkpoint on the held-out benchmark; registered as a model version.")
+@asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY,
+       description="SFT checkpoint on the held-out benchmark; registered as a model version.")
 def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                          tracker: MLflowTracker, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
     return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=sft_checkpoint,
                                 tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="sft", asset_name="sft_benchmark_scores")
 
 
-@asset(group_name="benchmark", partitions_def=rl_rounds, description="A round's RL checkpoint on the held-out benchmark; promotion gate.")
+@asset(group_name="benchmark", partitions_def=rl_rounds, pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY,
+       description="A round's RL checkpoint on the held-out benchmark; promotion gate.")
 def benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                      tracker: MLflowTracker, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
     collapse = settings.config.rl.collapse

@@ -23,6 +23,7 @@ from assets.contracts import contract_check
 from assets.data import MAX_LEVEL
 from assets.io import read_stored_frame
 from assets.plots import curves_png, markdown_image
+from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHAMPION, MLflowTracker
@@ -73,6 +74,8 @@ def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_
         "task_pool": AssetOut(description="Pass-rate history per training task after this round, and its weight in the next (curriculum)."),
     },
     deps=[AssetKey("sft_benchmark_scores")],  # the SFT version must be registered before round 1 looks up the champion
+    pool=GPU_POOL,
+    retry_policy=FLAKY_STEP_RETRY,
 )
 def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
              tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):

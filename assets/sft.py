@@ -7,6 +7,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 from assets.contracts import contract_check
 from assets.data import MAX_LEVEL
 from assets.plots import curves_png, markdown_image
+from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.tracking import MLflowTracker
 from configs.schema import FAMILY_LEVELS
@@ -55,7 +56,7 @@ def base_model(context: AssetExecutionContext, settings: FlywheelSettings, stora
     return {"uri": uri, "parameters": num_parameters(model)}
 
 
-@asset(group_name="sft", description="Teacher trajectories (tool calls run in the sandbox), tokenized with tool_mask.")
+@asset(group_name="sft", retry_policy=FLAKY_STEP_RETRY, description="Teacher trajectories (tool calls run in the sandbox), tokenized with tool_mask.")
 def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                      training_tasks: pd.DataFrame, tokenizer: dict, knowledge_base: pd.DataFrame) -> pd.DataFrame:
     cfg = settings.config
@@ -79,7 +80,7 @@ def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings,
 sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
 
 
-@asset(group_name="sft", description="The policy after SFT on teacher trajectories (loss on policy tokens only).")
+@asset(group_name="sft", pool=GPU_POOL, description="The policy after SFT on teacher trajectories (loss on policy tokens only).")
 def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, tracker: MLflowTracker,
                    sft_trajectories: pd.DataFrame, base_model: dict) -> Output[dict]:
     cfg = settings.config

@@ -336,7 +336,10 @@ class StorageConfig(_Strict):
 
 class OrchestrationConfig(_Strict):
     executor: Literal["in_process", "multiprocess", "k8s"] = "in_process"
-    retrain_interval_hours: float = Field(24.0, gt=0, description="How often the retraining sensor starts a new round.")
+    retrain_cron: str = Field("0 3 * * *", description="When `retrain_schedule` starts the next round (cron; stopped until turned on in the UI).")
+    timezone: str = Field("UTC", description="Time zone of retrain_cron.")
+    max_runtime_s: int = Field(4 * 3600, ge=60, description="A run of any job taking longer is failed by Dagster's run monitoring "
+                               "(tag dagster/max_runtime; acts where the daemon runs: `make dagster-ui`, the cluster).")
 
 
 class FlywheelConfig(_Strict):

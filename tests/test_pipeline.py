@@ -21,7 +21,7 @@ def test_definitions_load_with_the_lineage():
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == LINEAGE | ON_DEMAND
     assert defs.resolve_job_def("foundation") and defs.resolve_job_def("rl_round_job")
-    assert defs.resolve_sensor_def("retrain_sensor")
+    assert defs.resolve_schedule_def("retrain_schedule") and defs.resolve_sensor_def("new_tasks_round_sensor")
 
 
 def test_invalid_profile_fails_before_any_work(tmp_path):
