@@ -66,5 +66,5 @@ def reward_audit(context: AssetExecutionContext, config: AuditConfig, settings: 
     return Output(pd.DataFrame(found, columns=columns), metadata={
         "rows_rescored": len(rows), "disagreements": len(found), **kinds, "overrides": MetadataValue.json(config.overrides),
         "verifier_tiers": MetadataValue.md(tier_table(stats)), "examples": MetadataValue.md(shown or "no disagreements"),
-        "mlflow_run_id": run_id,
+        "mlflow_run_id": run_id, "mlflow_run": tracker.run_link(run_id),
     })

@@ -70,6 +70,7 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
             "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
             "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],
             "model_version": version.version, "alias": CHAMPION if decision["promote"] else CHALLENGER, "mlflow_run_id": run_id,
+            "mlflow_run": tracker.run_link(run_id), "model_version_page": tracker.version_link(version.version),
             "promotion_blocked_by": blocked_by or "nothing",
             "diff_vs_champion": MetadataValue.json({k: float(v) for k, v in decision.items()}),
             **{f"{f}_pass_at_1": summary[f"{f}/pass_at_1"] for f in families},

@@ -147,7 +147,7 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     })
     yield Output({"uri": uri, "mlflow_run_id": run_id, "init_version": init_version, "round": round_index, "algorithm": cfg.rl.algorithm,
                   "history": result.history}, "rl_checkpoint", metadata={
-        "uri": uri, "init_version": init_version, "mlflow_run_id": run_id, "final_entropy": last.get("actor/entropy", float("nan")),
+        "uri": uri, "init_version": init_version, "mlflow_run_id": run_id, "mlflow_run": tracker.run_link(run_id), "final_entropy": last.get("actor/entropy", float("nan")),
         "algorithm": cfg.rl.algorithm, "resumed_from_step": result.resumed_from_step, "collapse_warnings": len(health.warnings),
         "collapse_signals": markdown_image(health_png, "collapse early-warning signals"),
         "rollout_engine": cfg.rollout.engine, "max_logprob_mismatch": max(h.get("rollout/logprob_mismatch_max", 0.0) for h in result.history),

@@ -102,7 +102,7 @@ def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, s
     with storage.writable_dir("checkpoints", "sft") as (path, uri):
         save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
     return Output({"uri": uri, "mlflow_run_id": run_id}, metadata={
-        "final_loss": history[-1]["loss/sft"], "steps": cfg.sft.steps, "mlflow_run_id": run_id, "uri": uri, "engine": cfg.engine.kind,
+        "final_loss": history[-1]["loss/sft"], "steps": cfg.sft.steps, "mlflow_run_id": run_id, "mlflow_run": tracker.run_link(run_id), "uri": uri, "engine": cfg.engine.kind,
         "trainable_parameters": int(lora_summary(model)["trainable"]),
         "curves": markdown_image(png, "SFT loss"),
     })

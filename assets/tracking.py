@@ -35,6 +35,7 @@ class MLflowTracker(ConfigurableResource):
     # Where a newly created experiment stores artifacts. With a local sqlite store MLflow would
     # otherwise use ./mlruns under the *current directory*; None leaves it to the server.
     artifact_location: str | None = None
+    ui_url: str = "http://localhost:5000"  # for links in Dagster metadata
 
     def client(self):
         import mlflow
@@ -58,6 +59,18 @@ class MLflowTracker(ConfigurableResource):
             if params:
                 mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
             yield run.info.run_id
+
+    def run_link(self, run_id: str):
+        """The run's page in the MLflow UI, as Dagster metadata."""
+        from dagster import MetadataValue
+
+        experiment_id = self.client().get_run(run_id).info.experiment_id
+        return MetadataValue.url(f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}")
+
+    def version_link(self, version: str):
+        from dagster import MetadataValue
+
+        return MetadataValue.url(f"{self.ui_url.rstrip('/')}/#/models/{self.registered_model}/versions/{version}")
 
     def log_history(self, run_id: str, history: list[dict[str, float]]) -> None:
         """Per-step metrics in one batch call (a call per value is slow on sqlite)."""

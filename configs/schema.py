@@ -328,6 +328,7 @@ class TrackingConfig(_Strict):
     experiment: str = "agentic-flywheel"
     registered_model: str = "agentic-policy"
     tracking_uri: str | None = Field(None, description="Default sqlite:///$FLYWHEEL_HOME/mlflow.db; MLFLOW_TRACKING_URI wins.")
+    ui_url: str = Field("http://localhost:5000", description="Where users open the MLflow UI (`make mlflow-ui`): links in Dagster metadata.")
 
 
 class StorageConfig(_Strict):

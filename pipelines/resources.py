@@ -25,6 +25,7 @@ def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) 
             tracking_uri=tracking_uri,
             experiment=cfg.tracking.experiment,
             registered_model=cfg.tracking.registered_model,
+            ui_url=cfg.tracking.ui_url,
             artifact_location=str(home / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
         ),
         "sandbox": SandboxResource.from_config(cfg.sandbox),

@@ -79,6 +79,11 @@ def test_micro_flywheel_end_to_end(home):
         assert client.get_model_version_download_uri("agentic-policy", v.version).endswith("checkpoint")
     champion = client.get_model_version_by_alias("agentic-policy", "champion")
     assert champion.version in {v.version for v in versions}
+    # promotions go through the history `make rollback` walks back; metadata links to MLflow
+    assert json.loads(client.get_registered_model("agentic-policy").tags["champion_history"])[-1] == str(champion.version)
+    bench_meta = instance.get_latest_materialization_event(AssetKey("benchmark_scores")).asset_materialization.metadata
+    assert bench_meta["mlflow_run"].value.endswith(f"/runs/{bench_meta['mlflow_run_id'].value}")
+    assert bench_meta["model_version_page"].value.endswith(f"/models/agentic-policy/versions/{bench_meta['model_version'].value}")
     assert outcome["sft"]["version"] == "1" and len(outcome["rounds"]) == 1
     assert client.get_experiment_by_name("agentic-flywheel").artifact_location == str(home / "mlartifacts")
     assert not (REPO / "mlruns").exists(), "MLflow artifacts must live under FLYWHEEL_HOME, not the working directory"
