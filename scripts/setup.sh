@@ -16,6 +16,14 @@ if ! command -v bwrap >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap >/dev/null
 fi
 
+# 1b. `--browser` (make test): Debian's Chromium for the UI tests (tests/test_ui.py drives it with
+#     Playwright; Playwright's own browser download is not reachable here).
+if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
+  echo "[setup] installing chromium (browser tests)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi

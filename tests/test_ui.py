@@ -1,0 +1,138 @@
+"""The two UIs users watch, in a real headless browser (Debian's Chromium through Playwright), on
+the state a micro flywheel run leaves: Dagster's asset graph and a materialization, and MLflow's
+registered model with its `champion` alias. Screenshots go to test-artifacts/ui/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHOTS = REPO / "test-artifacts" / "ui"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+RL_GROUP = ["rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "knowledge_base", "benchmark_scores", "sft_benchmark_scores"]
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+
+
+def _server(cmd: list[str], env: dict, ready_url: str):
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_http(ready_url, proc)
+    except Exception:
+        proc.kill()
+        raise
+    return proc
+
+
+@pytest.fixture(scope="module")
+def flywheel_home(tmp_path_factory):
+    """One micro flywheel (foundation + one round) whose state both UIs read."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: `make test` installs it (scripts/setup.sh --browser)")
+    home = tmp_path_factory.mktemp("ui") / "fw"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.delenv("DAGSTER_HOME", raising=False)
+        from pipelines.run import run_flywheel
+
+        outcome = run_flywheel("micro", {})
+    return home, outcome
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                                                        "--disable-component-update"])
+        yield chromium
+        chromium.close()
+
+
+def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, browser):
+    home, outcome = flywheel_home
+    port = _free_port()
+    env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
+    server = _server([str(Path(sys.executable).parent / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-m", "pipelines.definitions"],
+                     env, f"http://127.0.0.1:{port}/server_info")
+    try:
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle")  # global lineage: one node per group
+        page.get_by_text("benchmark", exact=True).first.wait_for(timeout=60_000)
+        skip = page.get_by_role("button", name="Skip")
+        if skip.count():
+            skip.first.click()  # first visit: the community dialog covers the graph
+        text = page.inner_text("body")
+        assert all(group in text for group in ("data", "model", "sft", "rl", "benchmark")), text[:2000]
+        page.screenshot(path=str(SHOTS / "dagster-global-lineage.png"))
+
+        # the RL group's graph: its assets as nodes, their neighbours, and the round's materializations
+        page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/asset-groups/rl", wait_until="networkidle")
+        page.get_by_text("rl_checkpoint", exact=True).first.wait_for(timeout=60_000)
+        text = page.inner_text("body")
+        assert all(name in text for name in RL_GROUP), text[:2000]
+        assert "Latest event" in text and "100% filled" in text, text[:2000]  # round 1 materialized
+        page.screenshot(path=str(SHOTS / "dagster-asset-graph.png"))
+
+        page.goto(f"http://127.0.0.1:{port}/assets/benchmark_scores", wait_until="networkidle")
+        page.get_by_text("pass_at_1").first.wait_for(timeout=60_000)  # the latest materialization's metadata
+        text = page.inner_text("body")
+        assert "Materialized" in text or "materialization" in text.lower(), text[:2000]
+        page.screenshot(path=str(SHOTS / "dagster-benchmark-scores.png"), full_page=True)
+    finally:
+        server.kill()
+        server.wait()
+    assert (SHOTS / "dagster-asset-graph.png").stat().st_size > 10_000
+
+
+def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, browser):
+    home, outcome = flywheel_home
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    server = _server([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
+                      "--host", "127.0.0.1", "--port", str(port)], env, f"http://127.0.0.1:{port}/health")
+    try:
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/#/models/agentic-policy", wait_until="networkidle")
+        page.get_by_text("champion").first.wait_for(timeout=60_000)
+        text = page.inner_text("body")
+        assert "agentic-policy" in text and "champion" in text, text[:2000]
+        champion_version = outcome["champion"].split()[1]  # "version 2 (stage rl, round 1)"
+        assert f"Version {champion_version}" in text, text[:2000]
+        page.screenshot(path=str(SHOTS / "mlflow-registered-model.png"), full_page=True)
+    finally:
+        server.kill()
+        server.wait()
+    assert (SHOTS / "mlflow-registered-model.png").stat().st_size > 10_000
