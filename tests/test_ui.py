@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,13 +45,26 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None
 
 
 def _server(cmd: list[str], env: dict, ready_url: str):
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # its own process group: `mlflow ui` starts uvicorn workers and a job runner that outlive a
+    # killed parent, so shutdown signals the whole group
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _wait_http(ready_url, proc)
     except Exception:
-        proc.kill()
+        _stop(proc)
         raise
     return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +126,7 @@ def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, brows
         assert "Materialized" in text or "materialization" in text.lower(), text[:2000]
         page.screenshot(path=str(SHOTS / "dagster-benchmark-scores.png"), full_page=True)
     finally:
-        server.kill()
-        server.wait()
+        _stop(server)
     assert (SHOTS / "dagster-asset-graph.png").stat().st_size > 10_000
 
 
@@ -122,7 +135,7 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, br
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     server = _server([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-                      "--host", "127.0.0.1", "--port", str(port)], env, f"http://127.0.0.1:{port}/health")
+                      "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], env, f"http://127.0.0.1:{port}/health")
     try:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.goto(f"http://127.0.0.1:{port}/#/models/agentic-policy", wait_until="networkidle")
@@ -133,6 +146,5 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, br
         assert f"Version {champion_version}" in text, text[:2000]
         page.screenshot(path=str(SHOTS / "mlflow-registered-model.png"), full_page=True)
     finally:
-        server.kill()
-        server.wait()
+        _stop(server)
     assert (SHOTS / "mlflow-registered-model.png").stat().st_size > 10_000
