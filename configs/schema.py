@@ -335,8 +335,29 @@ class StorageConfig(_Strict):
     root: str | None = Field(None, description="Artifact root: local path or s3://bucket/prefix. Default $FLYWHEEL_HOME/artifacts.")
 
 
+class K8sConfig(_Strict):
+    """Step pods of the `k8s` executor (the `cluster` profile). Values the Terraform outputs
+    provide (namespace, service account, image) are read from the environment the Helm release
+    sets; see docs/architecture.md."""
+
+    namespace: str = Field("flywheel", description="Namespace step jobs run in.")
+    image: str | None = Field(None, description="Step image; None: the code location's own image (Dagster passes it on).")
+    service_account: str = Field("flywheel-runner", description="Service account of step pods (IRSA: S3 and nothing else).")
+    max_concurrent: int = Field(8, ge=1, description="Step pods one run may have at a time.")
+    gpus_per_step: int = Field(1, ge=1, description="nvidia.com/gpu requested by each step in the `gpu` pool.")
+    gpu_node_selector: dict[str, str] = Field({"flywheel/node-pool": "gpu"}, description="Labels of the GPU node group.")
+    gpu_tolerations: list[dict[str, str]] = Field([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                                                 description="Tolerations for the GPU nodes' taints.")
+    gpu_step_resources: dict[str, dict[str, str]] = Field({"requests": {"cpu": "7", "memory": "60Gi"}, "limits": {"memory": "60Gi"}},
+                                                          description="CPU/memory of GPU steps (the GPU count is added).")
+    cpu_step_resources: dict[str, dict[str, str]] = Field({"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+                                                          description="CPU/memory of every other step (CPU node group).")
+    env_secret: str | None = Field("flywheel-env", description="Secret whose keys become step env vars (MLflow/S3 settings); None: none.")
+
+
 class OrchestrationConfig(_Strict):
     executor: Literal["in_process", "multiprocess", "k8s"] = "in_process"
+    k8s: K8sConfig = K8sConfig()
     retrain_cron: str = Field("0 3 * * *", description="When `retrain_schedule` starts the next round (cron; stopped until turned on in the UI).")
     timezone: str = Field("UTC", description="Time zone of retrain_cron.")
     max_runtime_s: int = Field(4 * 3600, ge=60, description="A run of any job taking longer is failed by Dagster's run monitoring "

@@ -46,16 +46,17 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
                                  description="Re-read the training tasks (data.task_file) and run their checks.", tags=limits)
     schedules, sensors = build_automation(cfg, rl_job, tasks_job)
 
+    assets = [data.knowledge_base, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
+              benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit]
     return Definitions(
-        assets=[data.knowledge_base, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
-                benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit],
+        assets=assets,
         asset_checks=[data.knowledge_base_contract, data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
                       sft.sft_trajectories_contract, rl.rollout_batches_contract, rl.task_pool_contract, rl.rl_round_health],
         jobs=[foundation, rl_job, audit_job, tasks_job],
         schedules=schedules,
         sensors=sensors,
         resources=resources_for(cfg, overrides),
-        executor=executor_for(cfg),
+        executor=executor_for(cfg, assets),
     )
 
 

@@ -32,7 +32,8 @@ def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) 
     }
 
 
-def executor_for(cfg: FlywheelConfig) -> ExecutorDefinition:
+def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDefinition:
+    """`assets`: the definitions' assets, whose `gpu` pool decides which step pods get a GPU (k8s)."""
     if cfg.orchestration.executor == "in_process":
         return in_process_executor  # tiny models: a process per step would cost more than the step
     if cfg.orchestration.executor == "multiprocess":
@@ -41,4 +42,6 @@ def executor_for(cfg: FlywheelConfig) -> ExecutorDefinition:
         from dagster_k8s import k8s_job_executor
     except ImportError as exc:
         raise RuntimeError("orchestration.executor = k8s needs the dagster-k8s package (installed in the cluster image)") from exc
-    return k8s_job_executor
+    from pipelines.k8s import executor_config, gpu_ops
+
+    return k8s_job_executor.configured(executor_config(cfg, gpu_ops(assets or [])), name="k8s")

@@ -1,0 +1,89 @@
+"""The `cluster` profile's Kubernetes executor: its definitions load, and the pod specs dagster-k8s
+builds for each step request GPUs, the GPU node group and its tolerations exactly for the steps in
+the `gpu` pool. The specs are built by dagster-k8s itself (`construct_dagster_k8s_job`), from the
+same layers its step handler merges (executor step config, then the per-step override)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from dagster_k8s.container_context import K8sContainerContext
+from dagster_k8s.job import UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+
+from pipelines.definitions import build_definitions
+
+GPU_STEPS = {"sft_checkpoint", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
+# What the Helm chart's K8sRunLauncher contributes to every step pod (not ours to test).
+RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagster_home", instance_config_map="dagster-instance",
+                               postgres_password_secret="dagster-postgresql-secret", image_pull_policy="IfNotPresent",
+                               image_pull_secrets=[], service_account_name=None, env_config_maps=[], env_secrets=[], env_vars=[],
+                               volume_mounts=[], volumes=[], labels={}, resources={}, scheduler_name=None, security_context={},
+                               run_k8s_config=UserDefinedDagsterK8sConfig(), only_allow_user_defined_k8s_config_fields=None,
+                               only_allow_user_defined_env_vars=None, fail_pod_on_run_failure=None, job_namespace="flywheel")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_HOME", str(tmp_path_factory.mktemp("cluster")))
+        defs = build_definitions("cluster", {})
+    return defs
+
+
+def cluster_executor_config(defs) -> dict:
+    """The configuration the profile gave the k8s executor, resolved by Dagster's config system
+    (so it also passed dagster-k8s' schema)."""
+    executor = defs.executor
+    assert executor.name == "k8s"
+    resolved = executor.config_schema.resolve_config({})
+    assert resolved.success, resolved.errors
+    return resolved.value["config"]
+
+
+def pod_spec(executor_config: dict, op: str):
+    """The V1Job dagster-k8s would create for `op`'s step: executor-level context (namespace,
+    service account, step_k8s_config), then the step's own override, as its step handler merges."""
+    executor_level = K8sContainerContext(namespace=executor_config["job_namespace"], service_account_name=executor_config["service_account_name"],
+                                         run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["step_k8s_config"]))
+    context = executor_level.merge(
+        K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["per_step_k8s_config"].get(op, {}))))
+    job_config = context.get_k8s_job_config("registry.example/flywheel:test", RUN_LAUNCHER)
+    return construct_dagster_k8s_job(job_config, ["dagster", "api", "execute_step"], f"dagster-step-{op.replace('_', '-')}",
+                                     user_defined_k8s_config=context.run_k8s_config, pod_name=f"dagster-step-{op.replace('_', '-')}",
+                                     component="step_worker", labels={"dagster/op": op})
+
+
+def test_cluster_definitions_use_the_k8s_executor_with_gpu_steps(cluster):
+    config = cluster_executor_config(cluster)
+    assert config["job_namespace"] == "flywheel" and config["service_account_name"] == "flywheel-runner"
+    ops = {node.name for job in ("foundation", "rl_round_job") for node in cluster.resolve_job_def(job).graph.node_dict.values()}
+    assert set(config["per_step_k8s_config"]) == GPU_STEPS and GPU_STEPS <= ops
+
+
+def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
+    config = cluster_executor_config(cluster)
+    ops = {node.name for job in ("foundation", "rl_round_job") for node in cluster.resolve_job_def(job).graph.node_dict.values()}
+    assert GPU_STEPS <= ops
+    for op in sorted(ops):
+        spec = pod_spec(config, op).spec.template.spec
+        container = spec.containers[0]
+        limits, requests = container.resources.limits or {}, container.resources.requests or {}
+        tolerated = {t.key for t in spec.tolerations or []}
+        if op in GPU_STEPS:
+            assert limits["nvidia.com/gpu"] == "1" and requests["nvidia.com/gpu"] == "1", op
+            assert spec.node_selector == {"flywheel/node-pool": "gpu"} and "nvidia.com/gpu" in tolerated, op
+            assert requests["memory"] == "60Gi"
+        else:
+            assert "nvidia.com/gpu" not in limits and not spec.node_selector and "nvidia.com/gpu" not in tolerated, op
+            assert requests["cpu"] == "1"
+        assert container.image == "registry.example/flywheel:test"
+        assert [e.secret_ref.name for e in container.env_from or [] if e.secret_ref] == ["flywheel-env"]
+        assert spec.service_account_name == "flywheel-runner"
+
+
+def test_gpu_count_and_node_group_come_from_the_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    defs = build_definitions("cluster", {"orchestration.k8s.gpus_per_step": 4, "orchestration.k8s.gpu_node_selector": {"pool": "a100"}})
+    spec = pod_spec(cluster_executor_config(defs), "rl_round").spec.template.spec
+    assert spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" and spec.node_selector == {"pool": "a100"}
