@@ -140,7 +140,10 @@ class MLflowTracker(ConfigurableResource):
         """Make `version` the champion, recording why (the gate, or a forced promotion) on the
         version and appending it to the champion history that `rollback` walks back."""
         client = self.client()
-        history = [*self.champion_history(), str(version)][-HISTORY_KEPT:]
+        history, current = self.champion_history(), self.version_by_alias(CHAMPION)
+        if current is not None and (not history or history[-1] != str(current.version)):
+            history.append(str(current.version))  # a champion set without history (by hand in the UI, or an older home)
+        history = [*history, str(version)][-HISTORY_KEPT:]
         client.set_registered_model_alias(self.registered_model, CHAMPION, str(version))
         client.set_registered_model_tag(self.registered_model, CHAMPION_HISTORY_TAG, json.dumps(history))
         client.set_model_version_tag(self.registered_model, str(version), "promoted_by", reason)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p_load.add_argument("--alias", default=CHAMPION)
     p_load.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # score downloads would print bars between our lines
     try:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
         tracker = tracker_for(cfg)

@@ -77,6 +77,14 @@ def test_promote_refuse_force_and_roll_back(registry, capsys):
     assert champion(registry) == "1"
 
 
+def test_a_champion_set_without_history_can_be_rolled_back_to(registry):
+    """Homes from before the history existed, or an alias moved by hand in the MLflow UI."""
+    registry.set_alias("champion", "2")
+    assert main(["promote", "3", "--force"]) == 0
+    assert registry.champion_history() == ["2", "3"]
+    assert main(["rollback"]) == 0 and champion(registry) == "2"
+
+
 def test_list_shows_scores_and_aliases(registry, capsys):
     main(["promote", "2"])
     capsys.readouterr()
