@@ -24,6 +24,7 @@ from assets.data import MAX_LEVEL
 from assets.io import read_stored_frame
 from assets.plots import curves_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
+from assets.reports import sample_trajectories_md
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHAMPION, MLflowTracker
@@ -120,6 +121,8 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         engine_png = curves_png(result.history, ENGINE_KEYS, f"RL round {round_index}: {cfg.rollout.engine} rollout engine vs trainer")
         tracker.log_png(run_id, engine_png, "rollout_engine.png")
         tracker.log_metrics(run_id, {"round/collapse_warnings": float(len(health.warnings))})
+        samples = sample_trajectories_md(result.rollouts, result.rewards, {t["task_id"]: t["prompt"] for t in tasks})
+        tracker.log_text(run_id, samples, "sample_trajectories.md")
     for warning in health.warnings:
         context.log.warning(f"round {round_index} collapse early-warning: {warning.message}")
     with storage.writable_dir("checkpoints", "rl", f"round-{round_index}") as (path, uri):
@@ -130,6 +133,7 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
     yield Output(pd.DataFrame(result.rollouts), "rollout_batches", metadata={
         "rows": len(result.rollouts), "tool_call_rate": last["rollout/tool_call_rate"], "mean_turns": last["rollout/turns"],
         "example": MetadataValue.text(result.rollouts[-1]["completion"]),
+        "sample_trajectories": MetadataValue.md(samples), "mlflow_run": tracker.run_link(run_id),
     })
     yield Output(rewards, "verified_rewards", metadata={
         "rows": len(rewards), "unscorable": int(summary["reward/unscorable"]),

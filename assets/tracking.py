@@ -91,6 +91,9 @@ class MLflowTracker(ConfigurableResource):
             path.write_bytes(png)
             self.client().log_artifact(run_id, str(path), "plots")
 
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self.client().log_text(run_id, text, name)
+
     def log_json(self, run_id: str, obj: Any, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name

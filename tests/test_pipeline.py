@@ -81,6 +81,10 @@ def test_micro_flywheel_end_to_end(home):
     assert champion.version in {v.version for v in versions}
     # promotions go through the history `make rollback` walks back; metadata links to MLflow
     assert json.loads(client.get_registered_model("agentic-policy").tags["champion_history"])[-1] == str(champion.version)
+    rollout_meta = instance.get_latest_materialization_event(AssetKey("rollout_batches")).asset_materialization.metadata
+    assert "## arithmetic" in rollout_meta["sample_trajectories"].value and "**Completion**" in rollout_meta["sample_trajectories"].value
+    rl_run = instance.get_latest_materialization_event(AssetKey("rl_checkpoint")).asset_materialization.metadata["mlflow_run_id"].value
+    assert "sample_trajectories.md" in {a.path for a in client.list_artifacts(rl_run)}
     bench_meta = instance.get_latest_materialization_event(AssetKey("benchmark_scores")).asset_materialization.metadata
     assert bench_meta["mlflow_run"].value.endswith(f"/runs/{bench_meta['mlflow_run_id'].value}")
     assert bench_meta["model_version_page"].value.endswith(f"/models/agentic-policy/versions/{bench_meta['model_version'].value}")
