@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from dagster import AssetKey
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "test-artifacts" / "ui"
@@ -67,6 +68,17 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def _dismiss_welcome(page) -> None:
+    """On a first visit (every new port is a new origin) Dagster shows a "Join the community"
+    dialog a moment after the page loads; it covers the page and intercepts clicks."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_role("button", name="Skip").click(timeout=15_000)
+    except PlaywrightTimeout:
+        pass  # not shown (already dismissed in this browser)
+
+
 @pytest.fixture(scope="module")
 def flywheel_home(tmp_path_factory):
     """One micro flywheel (foundation + one round) whose state both UIs read."""
@@ -105,9 +117,7 @@ def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, brows
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.goto(f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle")  # global lineage: one node per group
         page.get_by_text("benchmark", exact=True).first.wait_for(timeout=60_000)
-        skip = page.get_by_role("button", name="Skip")
-        if skip.count():
-            skip.first.click()  # first visit: the community dialog covers the graph
+        _dismiss_welcome(page)
         text = page.inner_text("body")
         assert all(group in text for group in ("data", "model", "sft", "rl", "benchmark")), text[:2000]
         page.screenshot(path=str(SHOTS / "dagster-global-lineage.png"))
@@ -148,3 +158,39 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, br
     finally:
         _stop(server)
     assert (SHOTS / "mlflow-registered-model.png").stat().st_size > 10_000
+
+
+def test_the_foundation_is_materialized_from_the_dagster_ui(tmp_path, browser):
+    """What a user does first: the foundation job's "Materialize all" in the UI launches a run
+    (the webserver's own run launcher) that materializes data, tokenizer, model, SFT and its benchmark."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    home = tmp_path / "fw"
+    (home / "dagster").mkdir(parents=True)
+    port = _free_port()
+    env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    # `dagster dev` (what `make dagster-ui` runs): the webserver queues the run, its daemon starts it
+    server = _server([str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "pipelines.definitions"],
+                     env, f"http://127.0.0.1:{port}/server_info")
+    try:
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/foundation", wait_until="networkidle")
+        _dismiss_welcome(page)
+        page.get_by_role("button", name="Materialize all").first.click()
+        with DagsterInstance.from_config(str(home / "dagster")) as instance:
+            deadline, runs = time.monotonic() + 400, []
+            while time.monotonic() < deadline:
+                runs = instance.get_runs(RunsFilter(job_name="foundation"))
+                if runs and runs[0].is_finished:
+                    break
+                time.sleep(2)
+            assert runs, "clicking Materialize all launched no run"
+            assert runs[0].status == DagsterRunStatus.SUCCESS, f"foundation run {runs[0].run_id} ended {runs[0].status}"
+            for key in ("training_tasks", "sft_checkpoint", "sft_benchmark_scores"):
+                assert instance.get_latest_materialization_event(AssetKey(key)) is not None, key
+        page.goto(f"http://127.0.0.1:{port}/runs/{runs[0].run_id}", wait_until="networkidle")
+        page.get_by_text("Success").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SHOTS / "dagster-foundation-run.png"))
+    finally:
+        _stop(server)
