@@ -13,6 +13,7 @@ and a user turns them on in the Dagster UI (Automation).
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from dagster import (
@@ -82,7 +83,8 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
         if fingerprint == context.cursor:
             return SkipReason(f"{cfg.data.task_file} is unchanged")
         context.update_cursor(fingerprint)
-        return RunRequest(run_key=f"tasks-{abs(hash(fingerprint))}", tags={"flywheel/trigger": "task_file", "flywheel/task_file": cfg.data.task_file})
+        # a stable key (str hash() is salted per process): the same file version is never re-run
+        return RunRequest(run_key=f"tasks-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}", tags={"flywheel/trigger": "task_file", "flywheel/task_file": cfg.data.task_file})
 
     @sensor(job=rl_job, minimum_interval_seconds=60, default_status=DefaultSensorStatus.STOPPED,
             description="Start an RL round when training_tasks has a new materialization.")

@@ -17,11 +17,7 @@ from configs.schema import K8sConfig
 
 def gpu_ops(assets: list) -> list[str]:
     """Op names of the assets in the `gpu` pool (a multi-asset is one op)."""
-    names = set()
-    for a in assets:
-        if any(GPU_POOL in (pools or ()) for pools in [getattr(a.node_def, "pools", None)]):
-            names.add(a.node_def.name)
-    return sorted(names)
+    return sorted({a.node_def.name for a in assets if GPU_POOL in (a.node_def.pools or ())})
 
 
 def step_config(k8s: K8sConfig, *, gpu: bool) -> dict[str, Any]:

@@ -36,13 +36,13 @@ def tracker_for(cfg: FlywheelConfig) -> MLflowTracker:
 
 def version_rows(tracker: MLflowTracker) -> list[dict]:
     """Every version with its benchmark summary and the aliases pointing at it."""
-    client = tracker.client()
+    client, versions = tracker.client(), tracker.versions()
     aliases: dict[str, list[str]] = {}
-    if tracker.versions():  # version search results carry no aliases; the registered model does
+    if versions:  # version search results carry no aliases; the registered model does
         for alias, version in client.get_registered_model(tracker.registered_model).aliases.items():
             aliases.setdefault(str(version), []).append(alias)
     rows = []
-    for v in tracker.versions():
+    for v in versions:
         metrics = client.get_run(v.run_id).data.metrics if v.run_id else {}
         rows.append({
             "version": str(v.version), "stage": v.tags.get("stage", ""), "round": v.tags.get("round", ""),
