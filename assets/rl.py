@@ -41,6 +41,25 @@ from training.scoring import reward_summary, tier_table
 from verifiers.cascade import Cascade
 
 rl_rounds = DynamicPartitionsDefinition(name="rl_round")
+
+
+def round_number(key: str) -> int:
+    """A round partition's number. Users add partitions in the UI by typing a name, so anything
+    but a positive integer is refused with what to type instead."""
+    if not key.isdigit() or int(key) < 1:
+        raise ValueError(f"rl_round partition {key!r} is not a round number: name round partitions 1, 2, 3, ... "
+                         f"(the next one is what `make run` or the retrain schedule would add)")
+    return int(key)
+
+
+def round_numbers(instance) -> list[int]:
+    """The instance's round partitions that are round numbers, ascending (a mistyped one is skipped
+    here and refused when it is run)."""
+    return sorted(int(k) for k in instance.get_dynamic_partitions(rl_rounds.name) if k.isdigit() and int(k) >= 1)
+
+
+def next_round(instance) -> int:
+    return max(round_numbers(instance), default=0) + 1
 CURVE_KEYS = ["reward/total/mean", "reward/outcome/pass_rate", "actor/entropy", "reward/total/std", "actor/kl_ref", "rollout/tool_call_rate"]
 # The early-warning signals (training/collapse.py), plotted together so a trend is visible at a glance.
 HEALTH_KEYS = ["actor/entropy", "reward/group_std_unsolved", "rollout/stuck_frac", "rollout/repeat_rate_failed", "actor/approx_kl", "actor/clip_frac", "actor/grad_norm"]
@@ -57,7 +76,7 @@ def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str)
 
 def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_index: int) -> dict[str, dict]:
     """The task pool the latest earlier round stored ({} before the first)."""
-    earlier = sorted((int(k) for k in context.instance.get_dynamic_partitions(rl_rounds.name) if int(k) < round_index), reverse=True)
+    earlier = [k for k in reversed(round_numbers(context.instance)) if k < round_index]
     for key in earlier:
         frame = read_stored_frame(storage.uri("assets"), "task_pool", str(key))
         if frame is not None:
@@ -82,7 +101,7 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
              tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
-    round_index = int(context.partition_key)
+    round_index = round_number(context.partition_key)
     init, init_version = starting_point(tracker, sft_checkpoint, cfg.rl.init_from)
     policy, tok = load_checkpoint(storage, init, cfg.model.dtype)
     policy = apply_lora(policy, cfg.model.lora)

@@ -31,7 +31,7 @@ from dagster import (
     sensor,
 )
 
-from assets.rl import rl_rounds
+from assets.rl import next_round, rl_rounds
 from configs import FlywheelConfig
 
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
@@ -41,10 +41,6 @@ def round_in_progress(instance, job_name: str) -> str | None:
     """The id of a queued or running round, if any."""
     active = instance.get_runs(RunsFilter(job_name=job_name, statuses=ACTIVE), limit=1)
     return active[0].run_id if active else None
-
-
-def next_round_key(instance) -> str:
-    return str(max((int(k) for k in instance.get_dynamic_partitions(rl_rounds.name)), default=0) + 1)
 
 
 def task_file_fingerprint(uri: str) -> str | None:
@@ -68,7 +64,7 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
         running = round_in_progress(context.instance, rl_job_name)
         if running:
             return SkipReason(f"round run {running} is still in progress")
-        key = next_round_key(context.instance)
+        key = str(next_round(context.instance))
         context.instance.add_dynamic_partitions(rl_rounds.name, [key])  # schedules cannot request new partitions
         return RunRequest(partition_key=key, run_key=f"round-{key}", tags={"flywheel/trigger": "schedule"})
 
@@ -98,7 +94,7 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
         running = round_in_progress(context.instance, rl_job_name)
         if running:  # the cursor stays: the new tasks start a round once this one is over
             return SkipReason(f"new training tasks, but round run {running} is still in progress")
-        key = next_round_key(context.instance)
+        key = str(next_round(context.instance))
         return SensorResult(
             run_requests=[RunRequest(partition_key=key, run_key=f"round-{key}",
                                      tags={"flywheel/trigger": "new_tasks", "flywheel/tasks_run": latest.run_id})],

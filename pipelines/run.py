@@ -58,17 +58,13 @@ def prepare_home(home: Path) -> None:
 CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
-def next_round(instance, partitions_name: str) -> int:
-    return max((int(k) for k in instance.get_dynamic_partitions(partitions_name)), default=0) + 1
-
-
 def run_flywheel(profile: str, overrides: dict) -> dict:
     cfg = load_profile(profile, overrides)  # 1. validate before anything starts
     home = flywheel_home()
     prepare_home(home)  # 2.
     from dagster import DagsterInstance
 
-    from assets.rl import rl_rounds
+    from assets.rl import next_round, rl_rounds
     from pipelines.definitions import FOUNDATION_JOB, RL_ROUND_JOB, build_definitions
     from pipelines.resources import resources_for
     from training.evaluate import paired_difference
@@ -84,7 +80,7 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
     sft_scores = result.output_for_node("sft_benchmark_scores")
     rounds = []
     for _ in range(cfg.rl.rounds):
-        key = str(next_round(instance, rl_rounds.name))
+        key = str(next_round(instance))
         instance.add_dynamic_partitions(rl_rounds.name, [key])
         print(f"[flywheel] RL round {key} ({cfg.rl.steps_per_round} steps)", flush=True)
         result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key=key, run_config=CONSOLE, raise_on_error=False)

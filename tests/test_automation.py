@@ -9,7 +9,7 @@ import pytest
 from dagster import AssetMaterialization, DagsterRunStatus, build_schedule_context, build_sensor_context
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from assets.rl import rl_rounds
+from assets.rl import next_round, rl_rounds, round_number
 from pipelines.definitions import RL_ROUND_JOB, TASKS_JOB, build_definitions
 
 
@@ -49,6 +49,15 @@ def test_schedule_starts_the_next_round_and_waits_for_a_running_one(instance):
     tick = schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=repo))
     assert not tick.run_requests and running.run_id in tick.skip_message
     assert instance.get_dynamic_partitions(rl_rounds.name) == ["1", "2", "3"]  # nothing added while it runs
+
+
+def test_a_mistyped_round_partition_is_refused_by_name_and_skipped_when_counting(instance):
+    assert round_number("12") == 12
+    for key in ("round-2", "0", "-1", "2.0", " 3"):
+        with pytest.raises(ValueError, match=rf"rl_round partition '{key}' is not a round number: name round partitions 1, 2, 3"):
+            round_number(key)
+    instance.add_dynamic_partitions(rl_rounds.name, ["1", "round-2", "2"])  # a name typed in the UI's "Add a partition"
+    assert next_round(instance) == 3
 
 
 def test_task_file_sensor_fires_once_per_change(instance, tmp_path):

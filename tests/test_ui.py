@@ -160,10 +160,34 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, br
     assert (SHOTS / "mlflow-registered-model.png").stat().st_size > 10_000
 
 
-def test_the_foundation_is_materialized_from_the_dagster_ui(tmp_path, browser):
+def _finished_run(home: Path, job_name: str, timeout_s: float = 400):
+    """The job's latest run once it has finished (the webserver queued it, the daemon ran it)."""
+    from dagster import DagsterInstance, RunsFilter
+
+    with DagsterInstance.from_config(str(home / "dagster")) as instance:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            runs = instance.get_runs(RunsFilter(job_name=job_name), limit=1)
+            if runs and runs[0].is_finished:
+                return runs[0]
+            time.sleep(2)
+    raise AssertionError(f"no finished {job_name} run within {timeout_s:.0f}s: clicking launched nothing, or it hung")
+
+
+def _materialized(home: Path, key: str, partition: str | None = None) -> bool:
+    from dagster import AssetRecordsFilter, DagsterInstance
+
+    with DagsterInstance.from_config(str(home / "dagster")) as instance:
+        records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[partition] if partition else None),
+                                                  limit=1).records
+    return bool(records)
+
+
+def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tmp_path, browser):
     """What a user does first: the foundation job's "Materialize all" in the UI launches a run
-    (the webserver's own run launcher) that materializes data, tokenizer, model, SFT and its benchmark."""
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+    that materializes data, tokenizer, model, SFT and its benchmark. Then the next round: the RL
+    job's "Materialize all…", "Add a partition" 1, "Launch 1 run"."""
+    from dagster import DagsterRunStatus
 
     home = tmp_path / "fw"
     (home / "dagster").mkdir(parents=True)
@@ -178,19 +202,31 @@ def test_the_foundation_is_materialized_from_the_dagster_ui(tmp_path, browser):
         page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/foundation", wait_until="networkidle")
         _dismiss_welcome(page)
         page.get_by_role("button", name="Materialize all").first.click()
-        with DagsterInstance.from_config(str(home / "dagster")) as instance:
-            deadline, runs = time.monotonic() + 400, []
-            while time.monotonic() < deadline:
-                runs = instance.get_runs(RunsFilter(job_name="foundation"))
-                if runs and runs[0].is_finished:
-                    break
-                time.sleep(2)
-            assert runs, "clicking Materialize all launched no run"
-            assert runs[0].status == DagsterRunStatus.SUCCESS, f"foundation run {runs[0].run_id} ended {runs[0].status}"
-            for key in ("training_tasks", "sft_checkpoint", "sft_benchmark_scores"):
-                assert instance.get_latest_materialization_event(AssetKey(key)) is not None, key
-        page.goto(f"http://127.0.0.1:{port}/runs/{runs[0].run_id}", wait_until="networkidle")
+        foundation = _finished_run(home, "foundation")
+        assert foundation.status == DagsterRunStatus.SUCCESS, f"foundation run {foundation.run_id} ended {foundation.status}"
+        for key in ("training_tasks", "sft_checkpoint", "sft_benchmark_scores"):
+            assert _materialized(home, key), key
+        page.goto(f"http://127.0.0.1:{port}/runs/{foundation.run_id}", wait_until="networkidle")
         page.get_by_text("Success").first.wait_for(timeout=60_000)
         page.screenshot(path=str(SHOTS / "dagster-foundation-run.png"))
+
+        # the next round: a new rl_round partition added in the launch dialog, then one run
+        page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/rl_round_job", wait_until="networkidle")
+        page.get_by_role("button", name="Materialize all").first.click()
+        page.get_by_text("Add a partition").click()
+        page.get_by_placeholder("name").fill("1")
+        page.get_by_role("button", name="Save").click()
+        launch = page.get_by_role("button", name="Launch 1 run")
+        launch.wait_for(timeout=30_000)
+        page.screenshot(path=str(SHOTS / "dagster-round-launch.png"))
+        launch.click()
+        round_run = _finished_run(home, "rl_round_job")
+        assert round_run.status == DagsterRunStatus.SUCCESS, f"round run {round_run.run_id} ended {round_run.status}"
+        assert round_run.tags["dagster/partition"] == "1"
+        for key in ("rollout_batches", "rl_checkpoint", "task_pool", "benchmark_scores"):
+            assert _materialized(home, key, "1"), key
+        page.goto(f"http://127.0.0.1:{port}/runs/{round_run.run_id}", wait_until="networkidle")
+        page.get_by_text("Success").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SHOTS / "dagster-round-run.png"))
     finally:
         _stop(server)
