@@ -58,7 +58,15 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
         else:
             tracker.set_alias(CHALLENGER, version.version)
         png = pass_at_1_by_version(tracker)
-        tracker.log_png(run_id, png, "pass_at_1_by_version.png")
+        table = pd.DataFrame(tracker.version_rows()).to_markdown(index=False, floatfmt=".3f")
+        # the round's (or foundation's) parent run shows the headline figures in the runs list
+        headline = {k: summary[k] for k in ("pass_at_1", "pass_at_1_ci_low", "pass_at_1_ci_high", "greedy_pass_at_1")}
+        parent = tracker.parent_of(run_id)
+        for target in (run_id, parent):
+            tracker.log_png(target, png, "pass_at_1_by_version.png")
+            tracker.log_text(target, table, "benchmark_table.md")
+        tracker.log_metrics(parent, {**headline, "promoted": float(decision["promote"])})
+        tracker.client().set_tag(parent, "model_version", str(version.version))
     context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}"
                      + (f" (promotion blocked: {blocked_by})" if blocked_by else ""))
     level_table = pd.DataFrame([{"family_level": f"{k.split('/')[0]} {k.split('/')[1]}", "metric": k.split("/")[2], "value": v}
@@ -78,6 +86,7 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
                                                         for f in families}).T.to_markdown()),
             "by_level": MetadataValue.md(level_table.pivot(index="family_level", columns="metric", values="value").to_markdown()),
             "pass_at_1_by_version": markdown_image(png, "pass@1 by version"),
+            "benchmark_table": MetadataValue.md(table),
         },
     )
 

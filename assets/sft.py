@@ -5,6 +5,7 @@ import torch
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.contracts import contract_check
+from assets.launcher import JobLauncher
 from assets.data import MAX_LEVEL
 from assets.plots import curves_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
@@ -80,30 +81,51 @@ def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings,
 sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
 
 
-@asset(group_name="sft", pool=GPU_POOL, description="The policy after SFT on teacher trajectories (loss on policy tokens only).")
-def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, tracker: MLflowTracker,
-                   sft_trajectories: pd.DataFrame, base_model: dict) -> Output[dict]:
-    cfg = settings.config
+def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.DataFrame, on_log) -> dict:
+    """SFT from the base checkpoint, saved as the `sft` checkpoint: the step's work, wherever it
+    runs (in the step, or launched through Dagster Pipes by assets/jobs.py)."""
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, base_model, cfg.model.dtype)
     model = apply_lora(model, cfg.model.lora)
     # loss_mask: the policy's own tokens minus the detours (mistakes and alternatives shown, not taught)
-    examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(sft_trajectories)]
+    examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(trajectories)]
+    history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log)
+    with storage.writable_dir("checkpoints", "sft") as (path, uri):
+        save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
+    return {"uri": uri, "history": history, "trainable_parameters": int(lora_summary(model)["trainable"])}
 
-    def log(step: int, metrics: dict[str, float]) -> None:
-        context.log.info(f"sft step {step}/{cfg.sft.steps}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
-    params = {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "teacher": cfg.teacher.model_dump(), "engine": cfg.engine.model_dump()}
+def sft_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    return f"sft step {step}/{total}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
+@asset(group_name="sft", pool=GPU_POOL, description="The policy after SFT on teacher trajectories (loss on policy tokens only).")
+def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, tracker: MLflowTracker,
+                   launcher: JobLauncher, sft_trajectories: pd.DataFrame, base_model: dict) -> Output[dict]:
+    cfg = settings.config
+    params = {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "teacher": cfg.teacher.model_dump(), "engine": cfg.engine.model_dump(),
+              "launcher": launcher.kind}
     with tracker.run(context, "sft_checkpoint", params) as run_id:
-        history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=log)
+        if launcher.external:  # the job reads the stored trajectories itself and reports back through Pipes
+            extras = {"profile": settings.profile, "overrides_json": settings.overrides_json, "storage_root": storage.root,
+                      "cache_dir": storage.cache_dir, "base_model": base_model, "trajectories": f"{storage.uri('assets')}/sft_trajectories/all.parquet"}
+            result = sft_result(launcher.launch(context, "sft", extras))
+        else:
+            result = fit_sft(cfg, storage, base_model, sft_trajectories, lambda step, m: context.log.info(sft_log_line(step, cfg.sft.steps, m)))
+        history = result["history"]
         tracker.log_history(run_id, history)
         png = curves_png(history, ["loss/sft", "perf/grad_norm"], "SFT")
         tracker.log_png(run_id, png, "sft_curves.png")
-    with storage.writable_dir("checkpoints", "sft") as (path, uri):
-        save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
+    uri = result["uri"]
     return Output({"uri": uri, "mlflow_run_id": run_id}, metadata={
         "final_loss": history[-1]["loss/sft"], "steps": cfg.sft.steps, "mlflow_run_id": run_id, "mlflow_run": tracker.run_link(run_id), "uri": uri, "engine": cfg.engine.kind,
-        "trainable_parameters": int(lora_summary(model)["trainable"]),
-        "curves": markdown_image(png, "SFT loss"),
+        "trainable_parameters": result["trainable_parameters"], "launcher": launcher.kind, "curves": markdown_image(png, "SFT loss"),
     })
 
+
+def sft_result(invocation) -> dict:
+    """What an SFT job reported through Pipes: the checkpoint (its materialization) and the
+    history (a custom message; the per-step lines already went to the step's log)."""
+    reported = invocation.get_materialize_result().metadata
+    [history] = [m["history"] for m in invocation.get_custom_messages() if isinstance(m, dict) and "history" in m]
+    return {"uri": reported["uri"].value, "history": history, "trainable_parameters": int(reported["trainable_parameters"].value)}

@@ -1,10 +1,17 @@
 """MLflow as a Dagster resource: one run per asset materialization, the model registry with
-aliases (`champion`, `challenger`), and the per-task scores the promotion gate compares."""
+aliases (`champion`, `challenger`), and the per-task scores the promotion gate compares.
+
+Runs nest under one parent per round (`round-3`: the RL round, its benchmark, any reward audit)
+or per foundation run (`foundation-1a2b3c4d`: SFT and its benchmark), so the MLflow UI shows the
+flywheel as rounds that expand into their steps, and the parent carries the round's headline
+figures and the benchmark table.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +22,17 @@ from dagster import ConfigurableResource
 CHAMPION, CHALLENGER = "champion", "challenger"
 CHAMPION_HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of champion versions, oldest first
 HISTORY_KEPT = 200  # entries; MLflow tag values are capped at a few thousand characters
+GROUP_TAG = "flywheel.group"  # on a parent run and its children: round-N or foundation-<dagster run>
+PARENT_RUN_ID_TAG = "mlflow.parentRunId"  # what the MLflow UI nests by
+
+
+def group_of(context) -> str:
+    """The parent a materialization's run nests under: its round, or the foundation run that made
+    it (a re-execution from failure shares its root run, so it joins the same parent)."""
+    if context.has_partition_key:
+        return f"round-{context.partition_key}"
+    run = context.dagster_run
+    return f"foundation-{(run.root_run_id or run.run_id)[:8]}"
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -44,18 +62,35 @@ class MLflowTracker(ConfigurableResource):
         mlflow.set_tracking_uri(self.tracking_uri)
         return MlflowClient(self.tracking_uri)
 
+    def group_run(self, group: str) -> str:
+        """The id of the parent run for `group`, created on first use. It is closed at once: its
+        children run later, possibly in other processes, and it only holds their summary."""
+        client = self.client()
+        experiment = client.get_experiment_by_name(self.experiment)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment, artifact_location=self.artifact_location)
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{GROUP_TAG}` = '{group}' and tags.`flywheel.role` = 'group'",
+                                   order_by=["attributes.start_time ASC"], max_results=1)
+        if found:  # the oldest: two steps racing to create it converge on one next time
+            return found[0].info.run_id
+        run = client.create_run(experiment_id, run_name=group, tags={GROUP_TAG: group, "flywheel.role": "group"})
+        client.set_terminated(run.info.run_id)
+        return run.info.run_id
+
+    def parent_of(self, run_id: str) -> str | None:
+        return self.client().get_run(run_id).data.tags.get(PARENT_RUN_ID_TAG)
+
     @contextlib.contextmanager
     def run(self, context, name: str, params: dict[str, Any] | None = None) -> Iterator[str]:
-        """Start a run tagged with the Dagster run id, asset and partition; yield its id."""
+        """Start a run tagged with the Dagster run id, asset and partition, nested under its round
+        (or foundation) parent; yield its id."""
         import mlflow
 
-        client = self.client()
-        if client.get_experiment_by_name(self.experiment) is None:
-            client.create_experiment(self.experiment, artifact_location=self.artifact_location)
+        group = group_of(context)
+        parent = self.group_run(group)
         mlflow.set_experiment(self.experiment)
         partition = context.partition_key if context.has_partition_key else ""
-        tags = {"dagster.run_id": context.run_id, "dagster.asset": name, "dagster.partition": partition}
-        with mlflow.start_run(run_name=f"{name}{'-' + partition if partition else ''}", tags=tags) as run:
+        tags = {"dagster.run_id": context.run_id, "dagster.asset": name, "dagster.partition": partition, GROUP_TAG: group}
+        with mlflow.start_run(run_name=f"{name}{'-' + partition if partition else ''}", tags=tags, parent_run_id=parent) as run:
             if params:
                 mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
             yield run.info.run_id
@@ -166,6 +201,25 @@ class MLflowTracker(ConfigurableResource):
         client.set_registered_model_tag(self.registered_model, CHAMPION_HISTORY_TAG, json.dumps(history[: earlier[-1] + 1]))
         client.set_model_version_tag(self.registered_model, was, "rolled_back", "true")
         return was, target
+
+    def version_rows(self) -> list[dict]:
+        """Every version with its benchmark summary and the aliases pointing at it: the
+        benchmark table (`make models`, and an artifact of each benchmark run)."""
+        client, versions = self.client(), self.versions()
+        aliases: dict[str, list[str]] = {}
+        if versions:  # version search results carry no aliases; the registered model does
+            for alias, version in client.get_registered_model(self.registered_model).aliases.items():
+                aliases.setdefault(str(version), []).append(alias)
+        rows = []
+        for v in versions:
+            metrics = client.get_run(v.run_id).data.metrics if v.run_id else {}
+            rows.append({
+                "version": str(v.version), "stage": v.tags.get("stage", ""), "round": v.tags.get("round", ""),
+                "pass_at_1": metrics.get("pass_at_1", math.nan), "ci_low": metrics.get("pass_at_1_ci_low", math.nan),
+                "ci_high": metrics.get("pass_at_1_ci_high", math.nan), "aliases": ",".join(sorted(aliases.get(str(v.version), []))),
+                "promoted_by": v.tags.get("promoted_by", ""), "blocked_by": v.tags.get("blocked_by", ""),
+            })
+        return rows
 
     def versions(self) -> list:
         from mlflow.exceptions import MlflowException

@@ -353,10 +353,19 @@ class K8sConfig(_Strict):
     cpu_step_resources: dict[str, dict[str, str]] = Field({"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
                                                           description="CPU/memory of every other step (CPU node group).")
     env_secret: str | None = Field("flywheel-env", description="Secret whose keys become step env vars (MLflow/S3 settings); None: none.")
+    gpu_pool_limit: int = Field(4, ge=1, description="Steps in the `gpu` pool at once across all runs (the GPU node group's maximum size).")
+    max_concurrent_runs: int = Field(4, ge=1, description="Runs the queued run coordinator lets run at once.")
+    postgres_env: dict[str, str] = Field({"hostname": "DAGSTER_PG_HOST", "username": "DAGSTER_PG_USER", "password": "DAGSTER_PG_PASSWORD",
+                                          "db_name": "DAGSTER_PG_DB"},
+                                         description="Env vars (from env_secret, filled from the Terraform outputs) holding the instance's Postgres settings.")
 
 
 class OrchestrationConfig(_Strict):
     executor: Literal["in_process", "multiprocess", "k8s"] = "in_process"
+    sft_launcher: Literal["in_process", "subprocess", "k8s"] = Field(
+        "in_process", description="Where SFT training runs: in the step's own process; in a child process launched through Dagster Pipes; "
+        "or in its own GPU pod through Dagster Pipes (PipesK8sClient, the `cluster` profile), whose step pod then needs no GPU. "
+        "Through Pipes, progress, the loss history and the materialization are reported back to the step (assets/jobs.py).")
     k8s: K8sConfig = K8sConfig()
     retrain_cron: str = Field("0 3 * * *", description="When `retrain_schedule` starts the next round (cron; stopped until turned on in the UI).")
     timezone: str = Field("UTC", description="Time zone of retrain_cron.")

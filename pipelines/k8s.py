@@ -15,9 +15,13 @@ from configs import FlywheelConfig
 from configs.schema import K8sConfig
 
 
-def gpu_ops(assets: list) -> list[str]:
-    """Op names of the assets in the `gpu` pool (a multi-asset is one op)."""
-    return sorted({a.node_def.name for a in assets if GPU_POOL in (a.node_def.pools or ())})
+def gpu_ops(assets: list, cfg: FlywheelConfig | None = None) -> list[str]:
+    """Op names of the assets in the `gpu` pool (a multi-asset is one op) that do their GPU work
+    in their own step pod."""
+    ops = {a.node_def.name for a in assets if GPU_POOL in (a.node_def.pools or ())}
+    if cfg is not None and cfg.orchestration.sft_launcher == "k8s":
+        ops.discard("sft_checkpoint")  # its Pipes job pod gets the GPU; the step only waits for it
+    return sorted(ops)
 
 
 def step_config(k8s: K8sConfig, *, gpu: bool) -> dict[str, Any]:
@@ -33,6 +37,13 @@ def step_config(k8s: K8sConfig, *, gpu: bool) -> dict[str, Any]:
         container["env_from"] = [{"secret_ref": {"name": k8s.env_secret}}]
     # a failed step is retried by Dagster (RetryPolicy), not by Kubernetes re-running the pod
     return {"container_config": container, "pod_spec_config": pod_spec, "job_spec_config": {"backoff_limit": 0}}
+
+
+def job_pod_spec(k8s: K8sConfig) -> dict[str, Any]:
+    """Base pod spec of a training job launched through Pipes (PipesK8sClient): the GPU step's
+    resources, node selector and tolerations, in the pod spec's own (snake_case) field names."""
+    step = step_config(k8s, gpu=True)
+    return {**step["pod_spec_config"], "service_account_name": k8s.service_account, "containers": [dict(step["container_config"])]}
 
 
 def executor_config(cfg: FlywheelConfig, gpu_op_names: list[str]) -> dict[str, Any]:

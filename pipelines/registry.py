@@ -34,25 +34,6 @@ def tracker_for(cfg: FlywheelConfig) -> MLflowTracker:
     return resources_for(cfg)["tracker"]
 
 
-def version_rows(tracker: MLflowTracker) -> list[dict]:
-    """Every version with its benchmark summary and the aliases pointing at it."""
-    client, versions = tracker.client(), tracker.versions()
-    aliases: dict[str, list[str]] = {}
-    if versions:  # version search results carry no aliases; the registered model does
-        for alias, version in client.get_registered_model(tracker.registered_model).aliases.items():
-            aliases.setdefault(str(version), []).append(alias)
-    rows = []
-    for v in versions:
-        metrics = client.get_run(v.run_id).data.metrics if v.run_id else {}
-        rows.append({
-            "version": str(v.version), "stage": v.tags.get("stage", ""), "round": v.tags.get("round", ""),
-            "pass_at_1": metrics.get("pass_at_1", math.nan), "ci_low": metrics.get("pass_at_1_ci_low", math.nan),
-            "ci_high": metrics.get("pass_at_1_ci_high", math.nan), "aliases": ",".join(sorted(aliases.get(str(v.version), []))),
-            "promoted_by": v.tags.get("promoted_by", ""), "blocked_by": v.tags.get("blocked_by", ""),
-        })
-    return rows
-
-
 def _version(tracker: MLflowTracker, version: str):
     found = {str(v.version): v for v in tracker.versions()}
     if str(version) not in found:
@@ -133,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
         tracker = tracker_for(cfg)
         if args.command == "list":
-            rows = version_rows(tracker)
+            rows = tracker.version_rows()
             print(_table(rows) if rows else f"registered model {tracker.registered_model!r} has no versions yet (run `make run`)")
         elif args.command == "promote":
             print(promote(tracker, args.version, cfg, force=args.force))

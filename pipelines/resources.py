@@ -8,6 +8,7 @@ from typing import Any
 from dagster import ExecutorDefinition, in_process_executor, multiprocess_executor
 
 from assets.io import FrameIOManager
+from assets.launcher import JobLauncher
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource, default_tracking_uri
 from assets.tracking import MLflowTracker
 from configs import FlywheelConfig, flywheel_home
@@ -29,7 +30,18 @@ def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) 
             artifact_location=str(home / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
         ),
         "sandbox": SandboxResource.from_config(cfg.sandbox),
+        "launcher": launcher_for(cfg),
     }
+
+
+def launcher_for(cfg: FlywheelConfig) -> JobLauncher:
+    kind = cfg.orchestration.sft_launcher
+    if kind != "k8s":
+        return JobLauncher(kind=kind)
+    from pipelines.k8s import job_pod_spec
+
+    k8s = cfg.orchestration.k8s
+    return JobLauncher(kind=kind, namespace=k8s.namespace, image=k8s.image, pod_spec_json=json.dumps(job_pod_spec(k8s)))
 
 
 def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDefinition:
@@ -44,4 +56,4 @@ def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDef
         raise RuntimeError("orchestration.executor = k8s needs the dagster-k8s package (installed in the cluster image)") from exc
     from pipelines.k8s import executor_config, gpu_ops
 
-    return k8s_job_executor.configured(executor_config(cfg, gpu_ops(assets or [])), name="k8s")
+    return k8s_job_executor.configured(executor_config(cfg, gpu_ops(assets or [], cfg)), name="k8s")

@@ -20,32 +20,17 @@ import time
 from pathlib import Path
 
 from configs import ConfigError, flywheel_home, load_profile, parse_override
+from pipelines.instance import LOCAL_SETTINGS
 
 
 OLD_INSTANCE_SETTINGS = "telemetry:\n  enabled: false\n"  # what earlier versions wrote; upgraded in place
-# The local instance. The daemon (`make dagster-ui` runs one) enforces what is here; `make run`
-# executes in-process and relies on the assets' own retry policies and resumable state.
-INSTANCE_SETTINGS = """\
-telemetry:
-  enabled: false
-run_monitoring:          # fail runs that exceed their dagster/max_runtime tag or hang while starting
-  enabled: true
-  start_timeout_seconds: 300
-  poll_interval_seconds: 60
-run_retries:             # a crashed run is re-executed from its failure once (completed steps are kept)
-  enabled: true
-  max_retries: 1
-  retry_on_asset_or_op_failure: false   # failing steps have their own RetryPolicy (assets/policies.py)
-"""
-
-
 def prepare_home(home: Path) -> None:
     """Dagster's sqlite instance lives in FLYWHEEL_HOME/dagster; created on first use."""
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
     settings = dagster_home / "dagster.yaml"
     if not settings.exists() or settings.read_text() == OLD_INSTANCE_SETTINGS:
-        settings.write_text(INSTANCE_SETTINGS)
+        settings.write_text(LOCAL_SETTINGS)
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

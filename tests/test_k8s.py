@@ -5,6 +5,7 @@ same layers its step handler merges (executor step config, then the per-step ove
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,8 @@ from dagster_k8s.job import UserDefinedDagsterK8sConfig, construct_dagster_k8s_j
 
 from pipelines.definitions import build_definitions
 
-GPU_STEPS = {"sft_checkpoint", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
+# sft_checkpoint's GPU work runs in the pod its Pipes launcher creates (orchestration.sft_launcher: k8s)
+GPU_STEPS = {"rl_round", "sft_benchmark_scores", "benchmark_scores"}
 # What the Helm chart's K8sRunLauncher contributes to every step pod (not ours to test).
 RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagster_home", instance_config_map="dagster-instance",
                                postgres_password_secret="dagster-postgresql-secret", image_pull_policy="IfNotPresent",
@@ -87,3 +89,21 @@ def test_gpu_count_and_node_group_come_from_the_profile(tmp_path, monkeypatch):
     defs = build_definitions("cluster", {"orchestration.k8s.gpus_per_step": 4, "orchestration.k8s.gpu_node_selector": {"pool": "a100"}})
     spec = pod_spec(cluster_executor_config(defs), "rl_round").spec.template.spec
     assert spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" and spec.node_selector == {"pool": "a100"}
+
+
+def test_sft_is_launched_in_its_own_gpu_pod_through_pipes(cluster):
+    """The pod PipesK8sClient would create for the SFT job, built by dagster-k8s' own
+    `build_pod_body` from the launcher the profile configured."""
+    from dagster_k8s.pipes import build_pod_body
+
+    launcher = cluster.resources["launcher"]
+    assert launcher.kind == "k8s" and launcher.namespace == "flywheel"
+    pod = build_pod_body("flywheel-sft", "registry.example/flywheel:test", launcher.command("sft"), {"DAGSTER_PIPES_CONTEXT": "x"},
+                         {"labels": {"flywheel/job": "sft"}}, json.loads(launcher.pod_spec_json))
+    spec, container = pod.spec, pod.spec.containers[0]
+    assert container.command == ["python", "-m", "assets.jobs", "sft"] and container.image == "registry.example/flywheel:test"
+    assert container.resources.limits["nvidia.com/gpu"] == "1" and container.resources.requests["nvidia.com/gpu"] == "1"
+    assert spec.node_selector == {"flywheel/node-pool": "gpu"} and "nvidia.com/gpu" in {t.key for t in spec.tolerations}
+    assert spec.service_account_name == "flywheel-runner" and spec.restart_policy == "Never"
+    assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["flywheel-env"]
+    assert [(e.name, e.value) for e in container.env] == [("DAGSTER_PIPES_CONTEXT", "x")]  # how the job finds its context

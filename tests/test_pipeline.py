@@ -69,9 +69,23 @@ def test_micro_flywheel_end_to_end(home):
         assert records and records[0].status.value == "SUCCEEDED", f"check {check} on {asset}"
 
     client = MlflowClient(f"sqlite:///{home}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("agentic-flywheel").experiment_id])
+    every_run = client.search_runs([client.get_experiment_by_name("agentic-flywheel").experiment_id])
+    groups = {r.data.tags["flywheel.group"]: r for r in every_run if r.data.tags.get("flywheel.role") == "group"}
+    runs = [r for r in every_run if r.data.tags.get("flywheel.role") != "group"]
     assert {r.data.tags["dagster.asset"] for r in runs} >= {"sft_checkpoint", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
     assert all(r.data.tags.get("dagster.run_id") for r in runs)
+    # each step's run nests under its round (or the foundation run), whose parent run carries the headline figures
+    foundation_group = next(g for g in groups if g.startswith("foundation-"))
+    assert set(groups) == {"round-1", foundation_group}
+    for r in runs:
+        expected = "round-1" if r.data.tags["dagster.partition"] == "1" else foundation_group
+        assert r.data.tags["mlflow.parentRunId"] == groups[expected].info.run_id, r.data.tags["dagster.asset"]
+    round_group = groups["round-1"]
+    assert round_group.data.metrics["pass_at_1"] == outcome["rounds"][0]["pass_at_1"]
+    assert round_group.data.tags["model_version"] == outcome["rounds"][0]["version"]
+    table = client.download_artifacts(round_group.info.run_id, "benchmark_table.md", str(home))
+    header, _, *rows = Path(table).read_text().splitlines()
+    assert header.split("|")[1].strip() == "version" and len(rows) == 2 and any("champion" in r for r in rows)
     versions = client.search_model_versions("name='agentic-policy'")
     assert sorted(v.tags["stage"] for v in versions) == ["rl", "sft"]
     for v in versions:
@@ -249,3 +263,39 @@ def test_micro_flywheel_on_the_vllm_engine(home):
     assert rl_run.data.params["rollout.engine"] == "vllm"
     gap = client.get_metric_history(rl_run.info.run_id, "rollout/logprob_mismatch_max")
     assert sorted(m.step for m in gap) == [1, 2] and all(m.value < 1e-3 for m in gap)
+
+
+@pytest.mark.slow
+def test_sft_launched_through_dagster_pipes_matches_the_in_process_step(tmp_path, monkeypatch):
+    """`orchestration.sft_launcher: subprocess` (the local form of the cluster's own-pod launch):
+    the job runs in a child process, reports its progress lines, history and materialization
+    back through Pipes, and trains exactly the checkpoint the in-process step trains."""
+    import torch
+    from dagster import AssetKey, AssetSelection, DagsterInstance
+
+    from pipelines.definitions import build_definitions
+    from training.model import load_policy
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    weights, logs = {}, {}
+    for launcher in ("in_process", "subprocess"):
+        monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / launcher))
+        defs = build_definitions("micro", {"orchestration.sft_launcher": launcher})
+        selection = AssetSelection.assets("sft_checkpoint").upstream().resolve(defs.resolve_asset_graph())
+        with DagsterInstance.ephemeral() as instance:
+            result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance, asset_selection=list(selection))
+            assert result.success
+            logs[launcher] = [e.message for e in instance.all_logs(result.run_id, of_type=None) if e.step_key == "sft_checkpoint" and e.message]
+            stored = instance.get_latest_materialization_event(AssetKey("sft_checkpoint")).asset_materialization.metadata
+        assert stored["launcher"].value == launcher and stored["uri"].value.startswith(str(tmp_path / launcher))
+        weights[launcher] = load_policy(stored["uri"].value).state_dict()
+    assert any("[pipes] external process successfully opened dagster pipes" in m for m in logs["subprocess"])
+    assert any(m.startswith("sft step 20/20: loss/sft=") for m in logs["subprocess"]), "progress lines come back through Pipes"
+    assert weights["in_process"].keys() == weights["subprocess"].keys()
+    for name, tensor in weights["in_process"].items():
+        assert torch.equal(tensor, weights["subprocess"][name]), name
+
+
+def test_an_unknown_pipes_job_is_refused_with_the_jobs_there_are():
+    proc = subprocess.run([sys.executable, "-m", "assets.jobs", "rl"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "python -m assets.jobs {sft}" in proc.stderr
