@@ -2,7 +2,7 @@
 
 import pandas as pd
 import torch
-from dagster import AssetExecutionContext, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, AutomationCondition, MetadataValue, Output, asset
 
 from assets.plots import bars_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
@@ -104,7 +104,8 @@ def pass_at_1_by_version(tracker: MLflowTracker) -> bytes:
     return bars_png(labels, values, lows, highs, "held-out pass@1 by model version")
 
 
-@asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY,
+# eager: a new SFT checkpoint is due a benchmark whichever run made it (flywheel_automation sensor)
+@asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY, automation_condition=AutomationCondition.eager(),
        description="SFT checkpoint on the held-out benchmark; registered as a model version.")
 def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                          tracker: MLflowTracker, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:

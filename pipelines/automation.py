@@ -5,10 +5,14 @@
 * `task_file_sensor`: when the file at `data.task_file` changes (local or s3://, compared by
   size, modification time and ETag), re-materialize `training_tasks` and its checks.
 * `new_tasks_round_sensor`: when `training_tasks` gets a new materialization, start a round on it.
+* `flywheel_automation` (declarative automation, for assets whose `automation_condition` says
+  when they are due): a new SFT checkpoint, however it was made (a re-run of the SFT step
+  alone, a backfill), is benchmarked and registered without anyone asking
+  (`sft_benchmark_scores` is `eager`).
 
-All three skip while a round is queued or running (one round at a time; rounds build on the
-champion the previous one left) and are stopped by default: `make run` drives its own rounds,
-and a user turns them on in the Dagster UI (Automation).
+The first three skip while a round is queued or running (one round at a time; rounds build on
+the champion the previous one left). All four are stopped by default: `make run` drives its own
+rounds, and a user turns them on in the Dagster UI (Automation).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import json
 
 from dagster import (
     AssetKey,
+    AssetSelection,
+    AutomationConditionSensorDefinition,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -102,4 +108,6 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
             cursor=str(latest.storage_id),
         )
 
-    return [retrain_schedule], [task_file_sensor, new_tasks_round_sensor]
+    automation = AutomationConditionSensorDefinition("flywheel_automation", target=AssetSelection.all(), default_status=DefaultSensorStatus.STOPPED,
+                                                     description="Materializes assets whose automation condition says they are due.")
+    return [retrain_schedule], [task_file_sensor, new_tasks_round_sensor, automation]

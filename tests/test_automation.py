@@ -29,7 +29,7 @@ def test_automation_is_listed_and_stopped_by_default():
     assert schedule.cron_schedule == "0 3 * * *" and schedule.job_name == RL_ROUND_JOB
     assert schedule.default_status.value == "STOPPED"
     sensors = {s.name: s for s in defs.sensors}
-    assert set(sensors) == {"task_file_sensor", "new_tasks_round_sensor"}
+    assert set(sensors) == {"task_file_sensor", "new_tasks_round_sensor", "flywheel_automation"}
     assert sensors["task_file_sensor"].job_name == TASKS_JOB and sensors["new_tasks_round_sensor"].job_name == RL_ROUND_JOB
     assert all(s.default_status.value == "STOPPED" for s in sensors.values())
     assert definitions(**{"orchestration.retrain_cron": "0 */6 * * *"}).resolve_schedule_def("retrain_schedule").cron_schedule == "0 */6 * * *"
@@ -127,3 +127,31 @@ def test_local_instance_monitors_and_retries_runs(tmp_path, monkeypatch):
     prepare_home(tmp_path)
     with DagsterInstance.from_config(str(tmp_path / "dagster")) as inst:
         assert inst.run_monitoring_enabled and inst.run_retries_enabled and inst.run_retries_max_retries == 1
+
+
+def test_a_new_sft_checkpoint_is_due_a_benchmark_by_declarative_automation(instance):
+    """`sft_benchmark_scores` is eager: once its inputs exist and the SFT checkpoint is newer than
+    its last benchmark, the automation sensor requests it, once."""
+    from dagster import AssetKey, evaluate_automation_conditions
+
+    defs = definitions()
+    due = AssetKey("sft_benchmark_scores")
+
+    def requested(cursor=None):
+        result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        return result.get_num_requested(due), result.cursor
+
+    count, cursor = requested()
+    assert count == 0  # nothing to benchmark yet
+    for key in ("knowledge_base", "benchmark_tasks", "sft_checkpoint"):
+        instance.report_runless_asset_event(AssetMaterialization(key))
+    count, cursor = requested(cursor)
+    assert count == 1
+    instance.report_runless_asset_event(AssetMaterialization("sft_benchmark_scores"))
+    count, cursor = requested(cursor)
+    assert count == 0  # benchmarked: nothing due
+    instance.report_runless_asset_event(AssetMaterialization("sft_checkpoint"))  # e.g. SFT re-run on its own
+    count, _ = requested(cursor)
+    assert count == 1
+    rl_side = evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+    assert rl_side.get_num_requested(AssetKey("rl_checkpoint")) == 0  # rounds stay with the schedule and sensors
