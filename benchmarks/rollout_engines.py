@@ -1,6 +1,6 @@
 """Rollout throughput of each engine: pure generation vs the agent loop with tools, side by side.
 
-    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm,vllm-per-turn]
+    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm,vllm-per-turn] [--replay-tools]
 
 For each model size and engine, in one process and alternating:
   (2) agentic rollout: the batch's prompts through `run_episodes` with the real tools (bubblewrap
@@ -8,10 +8,13 @@ For each model size and engine, in one process and alternating:
   (1) pure generation: the same prompts, engine and sampling, each prompt generating exactly as
       many tokens as its episode sampled in (2), in one engine call with no stops and no tools.
 Throughput is tokens the policy sampled per wall-clock second; the ratio (2)/(1) is what tools,
-extra turns and bookkeeping cost. Engine start-up (HF: model load; vLLM: `LLM(...)`) and one vLLM
+extra turns and bookkeeping cost. With --replay-tools, each repeat also runs (2') the same
+episodes again with every tool result replayed from (2) (same seed, so the same calls): the
+loop, turns and observation prefill without the tools' own CPU, which on a 2-core machine
+competes with the engine's threads. (2)/(1) vs (2')/(1) splits the overhead between the two. Engine start-up (HF: model load; vLLM: `LLM(...)`) and one vLLM
 weight sync are timed too. The models are warm-started (short SFT on teacher trajectories,
 training/warm_start.py) so they call tools; the tool-call rate is reported next to each figure.
-Writes benchmarks/results/rollout-engines.{json,md}.
+Writes benchmarks/results/rollout-engines.{json,md} (rollout-engines-replay.{json,md} with --replay-tools).
 """
 
 from __future__ import annotations
@@ -82,6 +85,23 @@ def agentic(engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: 
     return sum(lengths), wall, sum(bool(e.tool_calls) for e in episodes) / len(episodes), tool_s, lengths
 
 
+class Replay:
+    """A tool wrapper that records results and, once replaying, answers from the record: the same
+    observations at no CPU cost. Batch composition can differ between the two runs (tool timing
+    decides which turns share an engine step), which can flip a rare near-tie sample; a call
+    missing from the record then runs for real and is counted."""
+
+    def __init__(self, tool) -> None:
+        self.tool, self.name, self.results, self.replaying, self.misses = tool, tool.name, {}, False, 0
+
+    def call_many(self, args: list[str]):
+        missing = [a for a in args if a not in self.results] if self.replaying else args
+        if missing:
+            self.misses += len(missing) if self.replaying else 0
+            self.results.update(zip(missing, self.tool.call_many(missing)))
+        return [self.results[a] for a in args]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"))
@@ -91,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=32, help="tasks per batch (an RL step's prompts)")
     parser.add_argument("--group", type=int, default=8, help="samples per task; batch = prompts x group")
     parser.add_argument("--repeats", type=int, default=5, help="measured repeats per mode, after one warm-up")
+    parser.add_argument("--replay-tools", action="store_true", help="also run each repeat's episodes with tool results replayed (no tool CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
@@ -109,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     with SandboxResource.from_config(SandboxConfig()).open() as box:
         for size in args.sizes.split(","):
             cfg, folder, model, tok, tasks, documents = warm_model(size, int(steps[size]), args.home, box)
-            tools = build_tools(sandbox=box, kb=KnowledgeBase([], {}, documents), top_k=cfg.data.knowledge_base.top_k)
+            tools = {name: Replay(tool) for name, tool in build_tools(sandbox=box, kb=KnowledgeBase([], {}, documents), top_k=cfg.data.knowledge_base.top_k).items()}
             by_family = {f: [t for t in tasks if t["family"] == f] for f in ("arithmetic", "search", "code")}
             batch = [t for i in range(args.prompts) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]]
             prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in batch for _ in range(args.group)]
@@ -125,15 +146,26 @@ def main(argv: list[str] | None = None) -> int:
                     engine = VLLMEngine(folder, rollout, seed=0)
                 startup = time.perf_counter() - start
                 sync_s = engine.sync_weights(model)
-                pure_runs, agent_runs = [], []
+                pure_runs, agent_runs, replay_runs = [], [], []
                 for repeat in range(args.repeats + 1):  # the first of each is a warm-up, not measured
+                    for tool in tools.values():
+                        tool.replaying, tool.results, tool.misses = False, {}, 0
                     agent = agentic(engine, tok, batch, args.group, tools, cfg, seed=repeat)
                     pure = pure_generation(engine, prompts, agent[4], sampling, seed=repeat)
+                    replayed = None
+                    if args.replay_tools:
+                        for tool in tools.values():
+                            tool.replaying = True
+                        replayed = agentic(engine, tok, batch, args.group, tools, cfg, seed=repeat)
                     if repeat:
                         pure_runs.append(pure)
                         agent_runs.append(agent[:4])
+                        if replayed:
+                            replay_runs.append(replayed[:2])
                     print(f"[bench] {size} {kind} #{repeat}: agentic {agent[0]} tok in {agent[1]:.2f}s; pure {pure[0]} tok in {pure[1]:.2f}s "
-                          f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)", flush=True)
+                          f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)"
+                          + (f"; tools replayed: {replayed[0]} tok in {replayed[1]:.2f}s, {sum(t.misses for t in tools.values())} calls not in the record"
+                             if replayed else ""), flush=True)
                 engine.close()
                 pure_tps = statistics.median(t / s for t, s in pure_runs)
                 agent_tps = statistics.median(t / s for t, s, _, _ in agent_runs)
@@ -145,16 +177,22 @@ def main(argv: list[str] | None = None) -> int:
                     "agentic_wall_s": round(statistics.median(r[1] for r in agent_runs), 2),
                     "pure_runs": pure_runs, "agentic_runs": agent_runs,
                 })
-                print(f"[bench] {size} {kind}: ratio {rows[-1]['ratio']}", flush=True)
+                if replay_runs:
+                    replay_tps = statistics.median(t / s for t, s in replay_runs)
+                    rows[-1] |= {"replayed_tools_tokens_per_s": round(replay_tps, 1), "replayed_ratio": round(replay_tps / pure_tps, 3),
+                                 "replayed_runs": replay_runs}
+                print(f"[bench] {size} {kind}: ratio {rows[-1]['ratio']}" + (f", with tools replayed {rows[-1]['replayed_ratio']}" if replay_runs else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rollout-engines.json").write_text(json.dumps({"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]),
+    replay = args.replay_tools
+    name = "rollout-engines-replay" if replay else "rollout-engines"
+    (args.out / f"{name}.json").write_text(json.dumps({"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]),
                                                                "rows": rows}, indent=1))
     header = "| size | params (M) | engine | start-up (s) | weight sync (s) | pure gen tok/s | agentic tok/s | agentic / pure | episodes with a tool call |"
-    lines = [header, "|---" * 9 + "|"]
+    lines = [header + (" tools replayed: agentic / pure |" if replay else ""), "|---" * (10 if replay else 9) + "|"]
     for r in rows:
         lines.append(f"| {r['size']} | {r['parameters_m']} | {r['engine']} | {r['startup_s']} | {r['weight_sync_s']} | {r['pure_tokens_per_s']} | "
-                     f"{r['agentic_tokens_per_s']} | **{r['ratio']}** | {r['tool_call_rate']:.0%} |")
-    (args.out / "rollout-engines.md").write_text("\n".join(lines) + "\n")
+                     f"{r['agentic_tokens_per_s']} | **{r['ratio']}** | {r['tool_call_rate']:.0%} |" + (f" {r['replayed_ratio']} |" if replay else ""))
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -42,6 +42,17 @@ def test_collate_aligns_completions_hand_computed():
         collate([[1]], [[1, 2]], [[1]], pad_id=0)
 
 
+def test_encode_through_the_rust_backend_gives_the_tokenizers_own_ids(tokenizer_and_tasks):
+    """`encode` skips transformers' wrapper for speed; it must not change a single id."""
+    tok, tasks = tokenizer_and_tasks
+    texts = [t["prompt"] for t in tasks[:50]] + [
+        "<code>print(1+2)</code>", "<interpreter>3\n</interpreter>", "  leading and trailing  ", "tabs\tand\nnewlines\r\n",
+        "unicode: café ñ 数学 🚀", "<answer>42</answer><|endoftext|>", "", "x" * 3000,
+    ]
+    for text in texts:
+        assert encode(tok, text) == tok.encode(text, add_special_tokens=False), text[:80]
+
+
 @pytest.fixture(scope="module")
 def random_policy(tokenizer_and_tasks, micro_cfg):
     tok, _ = tokenizer_and_tasks

@@ -249,6 +249,7 @@ class VLLMEngine:
         self._delta = RequestOutputKind.DELTA
         self._running: dict[str, Generation] = {}  # turns in flight, filled as tokens arrive
         self._sessions: dict[str, list[int]] = {}  # episode -> the ids its session has seen (input and sampled)
+        self._param_templates: dict[tuple, object] = {}
         self._idle_steps = 0
         self.sessions = cfg.vllm.sessions
         self.startup_s = time.perf_counter() - start
@@ -262,6 +263,20 @@ class VLLMEngine:
             return cls(folder, cfg, seed=seed, dtype=dtype)
 
     def _params(self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int):
+        """Sampling parameters of one request. Building them runs vLLM's validation (~0.1 ms); the
+        agent loop asks for hundreds per step that differ only in budget and seed, so those are
+        set on a shallow copy of one validated template per stop set and sampling."""
+        if budget < 1:
+            raise ValueError(f"a turn's token budget must be at least 1, got {budget}")
+        key = (frozenset(stop_ids), sampling)
+        template = self._param_templates.get(key)
+        if template is None:
+            template = self._param_templates[key] = self._new_params(stop_ids, sampling)
+        params = copy.copy(template)
+        params.max_tokens, params.seed = budget, seed
+        return params
+
+    def _new_params(self, stop_ids: set[int], sampling: Sampling):
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -269,11 +284,9 @@ class VLLMEngine:
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k else -1,
-            max_tokens=budget,
             stop_token_ids=sorted(stop_ids),
             ignore_eos=not stop_ids,  # no stop ids: exactly `budget` tokens, as the HF engine does
             logprobs=0,  # the sampled token's own log-prob
-            seed=seed,
             detokenize=False,
             skip_special_tokens=False,
             skip_clone=True,  # a fresh object per request: vLLM's defensive deep copy is wasted work
@@ -332,11 +345,11 @@ class VLLMEngine:
         # What LLMEngine.add_request does, plus `resumable` (only AsyncLLM exposes streaming input)
         # and the request id kept stable so each chunk continues the same session. The engine core
         # gets its own copy of the id list: in-process, both sides would otherwise extend one list.
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs.engine import tokens_input
 
         engine = self.llm.llm_engine
-        request = engine.input_processor.process_inputs(key, TokensPrompt(prompt_token_ids=ids), params, supported_tasks=engine.get_supported_tasks(),
-                                                        resumable=True)
+        # an already-rendered token input: vLLM's raw-prompt path would parse and render it again
+        request = engine.input_processor.process_inputs(key, tokens_input(ids), params, supported_tasks=engine.get_supported_tasks(), resumable=True)
         request.external_req_id = key
         engine.output_processor.add_request(request, None, None, 0)
         core = copy.copy(request)
