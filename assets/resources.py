@@ -75,6 +75,7 @@ class ArtifactStore(ConfigurableResource):
 
 class SandboxResource(ConfigurableResource):
     kind: str = "bubblewrap"
+    image: str = "python:3.11-slim"  # the docker tier's image
     pool_size: int = 2
     timeout_s: float = 2.0
     memory_mb: int = 256
@@ -89,7 +90,7 @@ class SandboxResource(ConfigurableResource):
         from verifiers.sandbox import SandboxLimits, make_sandbox
 
         limits = SandboxLimits(timeout_s=self.timeout_s, cpu_s=max(1, int(self.timeout_s)), memory_mb=self.memory_mb, max_processes=self.max_processes)
-        sandbox = make_sandbox(self.kind, limits, self.pool_size)
+        sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image)
         try:
             yield sandbox
         finally:

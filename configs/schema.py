@@ -310,6 +310,8 @@ class RewardConfig(_Strict):
 
 class SandboxConfig(_Strict):
     kind: Literal["bubblewrap", "docker"] = "bubblewrap"
+    image: str = Field("python:3.11-slim", description="Image of the docker tier's containers (docker/sandbox.Dockerfile, pushed to "
+                       "your registry, on the cluster); bubblewrap ignores it.")
     pool_size: int = Field(2, ge=1)
     timeout_s: float = Field(2.0, gt=0)
     memory_mb: int = Field(256, ge=64)
@@ -342,13 +344,18 @@ class K8sConfig(_Strict):
 
     namespace: str = Field("flywheel", description="Namespace step jobs run in.")
     image: str | None = Field(None, description="Step image; None: the code location's own image (Dagster passes it on).")
+    gpu_image: str | None = Field(None, description="Image of the GPU steps and of training jobs launched through Pipes "
+                                  "(docker/trainer.Dockerfile: CUDA, torch, vLLM, DeepSpeed); None: the same image as every other step.")
     service_account: str = Field("flywheel-runner", description="Service account of step pods (IRSA: S3 and nothing else).")
     max_concurrent: int = Field(8, ge=1, description="Step pods one run may have at a time.")
     gpus_per_step: int = Field(1, ge=1, description="nvidia.com/gpu requested by each step in the `gpu` pool.")
     gpu_node_selector: dict[str, str] = Field({"flywheel/node-pool": "gpu"}, description="Labels of the GPU node group.")
     gpu_tolerations: list[dict[str, str]] = Field([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                                                  description="Tolerations for the GPU nodes' taints.")
-    gpu_step_resources: dict[str, dict[str, str]] = Field({"requests": {"cpu": "7", "memory": "60Gi"}, "limits": {"memory": "60Gi"}},
+    # Sized to fit the GPU node group's default instance (infra/terraform/modules/eks: g5.2xlarge,
+    # 8 vCPU / 32 GiB, about 29 GiB allocatable): a request no node can hold stays Pending and
+    # the autoscaler never adds a node for it.
+    gpu_step_resources: dict[str, dict[str, str]] = Field({"requests": {"cpu": "7", "memory": "26Gi"}, "limits": {"memory": "26Gi"}},
                                                           description="CPU/memory of GPU steps (the GPU count is added).")
     cpu_step_resources: dict[str, dict[str, str]] = Field({"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
                                                           description="CPU/memory of every other step (CPU node group).")

@@ -33,6 +33,8 @@ def step_config(k8s: K8sConfig, *, gpu: bool) -> dict[str, Any]:
             resources.setdefault(kind, {})["nvidia.com/gpu"] = str(k8s.gpus_per_step)
         pod_spec |= {"node_selector": dict(k8s.gpu_node_selector), "tolerations": [dict(t) for t in k8s.gpu_tolerations]}
     container: dict[str, Any] = {"resources": resources}
+    if gpu and k8s.gpu_image:  # the CUDA/vLLM/DeepSpeed image; other steps keep the lighter user-code image
+        container["image"] = k8s.gpu_image
     if k8s.env_secret:
         container["env_from"] = [{"secret_ref": {"name": k8s.env_secret}}]
     # a failed step is retried by Dagster (RetryPolicy), not by Kubernetes re-running the pod

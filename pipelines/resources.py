@@ -41,7 +41,7 @@ def launcher_for(cfg: FlywheelConfig) -> JobLauncher:
     from pipelines.k8s import job_pod_spec
 
     k8s = cfg.orchestration.k8s
-    return JobLauncher(kind=kind, namespace=k8s.namespace, image=k8s.image, pod_spec_json=json.dumps(job_pod_spec(k8s)))
+    return JobLauncher(kind=kind, namespace=k8s.namespace, image=k8s.gpu_image or k8s.image, pod_spec_json=json.dumps(job_pod_spec(k8s)))
 
 
 def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDefinition:

@@ -75,7 +75,7 @@ def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
         if op in GPU_STEPS:
             assert limits["nvidia.com/gpu"] == "1" and requests["nvidia.com/gpu"] == "1", op
             assert spec.node_selector == {"flywheel/node-pool": "gpu"} and "nvidia.com/gpu" in tolerated, op
-            assert requests["memory"] == "60Gi"
+            assert requests["memory"] == "26Gi"
         else:
             assert "nvidia.com/gpu" not in limits and not spec.node_selector and "nvidia.com/gpu" not in tolerated, op
             assert requests["cpu"] == "1"
@@ -107,3 +107,16 @@ def test_sft_is_launched_in_its_own_gpu_pod_through_pipes(cluster):
     assert spec.service_account_name == "flywheel-runner" and spec.restart_policy == "Never"
     assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["flywheel-env"]
     assert [(e.name, e.value) for e in container.env] == [("DAGSTER_PIPES_CONTEXT", "x")]  # how the job finds its context
+
+
+def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch):
+    """The CUDA/vLLM/DeepSpeed image (docker/trainer.Dockerfile) only where a GPU is; the other
+    steps keep the user-code image (docker/dagster.Dockerfile)."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    trainer = "registry.example/flywheel-trainer:1.0"
+    defs = build_definitions("cluster", {"orchestration.k8s.gpu_image": trainer})
+    config = cluster_executor_config(defs)
+    assert pod_spec(config, "rl_round").spec.template.spec.containers[0].image == trainer
+    assert pod_spec(config, "benchmark_scores").spec.template.spec.containers[0].image == trainer
+    assert pod_spec(config, "training_tasks").spec.template.spec.containers[0].image == "registry.example/flywheel:test"
+    assert defs.resources["launcher"].image == trainer

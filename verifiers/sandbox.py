@@ -610,14 +610,14 @@ class BubblewrapSandbox:
 SANDBOX_KINDS = ("bubblewrap", "docker")
 
 
-def make_sandbox(kind: str, limits: SandboxLimits, pool_size: int = 2) -> Sandbox:
-    """Build the sandbox named in config; "docker" needs a reachable engine."""
+def make_sandbox(kind: str, limits: SandboxLimits, pool_size: int = 2, *, image: str | None = None) -> Sandbox:
+    """Build the sandbox named in config; "docker" needs a reachable engine (and runs `image`)."""
     if kind == "bubblewrap":
         return BubblewrapSandbox(limits, pool_size)
     if kind == "docker":
         from verifiers.docker_sandbox import DockerSandbox  # host-side only; the worker never needs it
 
-        return DockerSandbox(limits, pool_size)
+        return DockerSandbox(limits, pool_size, **({"image": image} if image else {}))
     raise ValueError(f"unknown sandbox kind {kind!r}; expected one of {SANDBOX_KINDS}")
 
 

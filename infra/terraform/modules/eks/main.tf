@@ -1,0 +1,455 @@
+# EKS cluster of the flywheel's `cluster` profile: a private control plane, a cpu node group
+# for the always-on services and a tainted gpu node group that scales from zero, so GPUs are
+# only paid for while rollout/training steps run.
+
+data "aws_partition" "current" {}
+
+data "aws_region" "current" {}
+
+data "aws_caller_identity" "current" {}
+
+locals {
+  control_plane_log_types = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+
+  # EKS writes control plane logs to this fixed name; creating the group first is the only way
+  # to choose its retention and encryption.
+  cluster_log_group_name = "/aws/eks/${var.cluster_name}/cluster"
+
+  # How the cluster autoscaler finds the node groups it may scale (its
+  # --node-group-auto-discovery=asg:tag=... flag).
+  autoscaler_discovery_tags = {
+    "k8s.io/cluster-autoscaler/enabled"             = "true"
+    "k8s.io/cluster-autoscaler/${var.cluster_name}" = "owned"
+  }
+
+  # With zero gpu nodes there is no node for the autoscaler to copy labels, taints and
+  # allocatable GPUs from, so it would never pick this group for a pending GPU pod. These
+  # tags describe the node it would get; they must mirror the group's labels and taint below.
+  gpu_node_template_tags = {
+    "k8s.io/cluster-autoscaler/node-template/label/flywheel/node-pool" = "gpu"
+    "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"     = "present:NoSchedule"
+    "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu" = tostring(var.gpus_per_node)
+  }
+
+  # Node group tags stay on the EKS node group object and are not copied to its Auto Scaling
+  # group, which is where the autoscaler reads them; aws_autoscaling_group_tag below copies
+  # them. Keys are "<group>|<tag>" so for_each knows them at plan time.
+  asg_tags = merge(
+    { for key, value in local.autoscaler_discovery_tags : "cpu|${key}" => { node_group = "cpu", key = key, value = value } },
+    { for key, value in merge(local.autoscaler_discovery_tags, local.gpu_node_template_tags) : "gpu|${key}" => { node_group = "gpu", key = key, value = value } },
+  )
+}
+
+# --- Control plane -----------------------------------------------------------------------------
+
+data "aws_iam_policy_document" "cluster_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["eks.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "cluster" {
+  name               = "${var.cluster_name}-eks-cluster"
+  assume_role_policy = data.aws_iam_policy_document.cluster_assume.json
+
+  tags = var.tags
+}
+
+resource "aws_iam_role_policy_attachment" "cluster" {
+  role       = aws_iam_role.cluster.name
+  policy_arn = "arn:${data.aws_partition.current.partition}:iam::aws:policy/AmazonEKSClusterPolicy"
+}
+
+# Envelope encryption of Secrets: etcd holds the step pods' env secret (MLflow/S3/Postgres
+# settings), and with our own key access to it is auditable in CloudTrail and revocable.
+resource "aws_kms_key" "secrets" {
+  description             = "EKS secrets envelope encryption for ${var.cluster_name}"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+
+  tags = var.tags
+}
+
+resource "aws_kms_alias" "secrets" {
+  name          = "alias/${var.cluster_name}-eks-secrets"
+  target_key_id = aws_kms_key.secrets.key_id
+}
+
+# AmazonEKSClusterPolicy grants no KMS rights; the control plane uses its own role to wrap
+# and unwrap data keys.
+data "aws_iam_policy_document" "cluster_secrets_key" {
+  statement {
+    actions   = ["kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"]
+    resources = [aws_kms_key.secrets.arn]
+  }
+}
+
+resource "aws_iam_role_policy" "cluster_secrets_key" {
+  name   = "eks-secrets-encryption"
+  role   = aws_iam_role.cluster.id
+  policy = data.aws_iam_policy_document.cluster_secrets_key.json
+}
+
+data "aws_iam_policy_document" "logs_key" {
+  # Without this statement the key would be usable by nobody in the account but the service.
+  statement {
+    sid       = "AccountAdministration"
+    actions   = ["kms:*"]
+    resources = ["*"]
+
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:${data.aws_partition.current.partition}:iam::${data.aws_caller_identity.current.account_id}:root"]
+    }
+  }
+
+  # CloudWatch Logs encrypts with the key on the log group's behalf; the encryption-context
+  # condition limits that to the control plane's log group.
+  statement {
+    sid = "CloudWatchLogsControlPlaneGroup"
+    actions = [
+      "kms:Encrypt*",
+      "kms:Decrypt*",
+      "kms:ReEncrypt*",
+      "kms:GenerateDataKey*",
+      "kms:Describe*",
+    ]
+    resources = ["*"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["logs.${data.aws_region.current.name}.amazonaws.com"]
+    }
+
+    condition {
+      test     = "ArnEquals"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = ["arn:${data.aws_partition.current.partition}:logs:${data.aws_region.current.name}:${data.aws_caller_identity.current.account_id}:log-group:${local.cluster_log_group_name}"]
+    }
+  }
+}
+
+# A key separate from the secrets key: log readers must not be able to decrypt Secrets.
+resource "aws_kms_key" "logs" {
+  description             = "EKS control plane logs of ${var.cluster_name}"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+  policy                  = data.aws_iam_policy_document.logs_key.json
+
+  tags = var.tags
+}
+
+resource "aws_kms_alias" "logs" {
+  name          = "alias/${var.cluster_name}-eks-logs"
+  target_key_id = aws_kms_key.logs.key_id
+}
+
+resource "aws_cloudwatch_log_group" "cluster" {
+  name              = local.cluster_log_group_name
+  retention_in_days = var.cluster_log_retention_days
+  kms_key_id        = aws_kms_key.logs.arn
+
+  tags = var.tags
+}
+
+resource "aws_eks_cluster" "this" {
+  name     = var.cluster_name
+  version  = var.kubernetes_version
+  role_arn = aws_iam_role.cluster.arn
+
+  enabled_cluster_log_types = local.control_plane_log_types
+
+  vpc_config {
+    subnet_ids              = var.private_subnet_ids
+    endpoint_private_access = true
+    endpoint_public_access  = var.endpoint_public_access
+    # AWS stores 0.0.0.0/0 when no list is sent; with the public endpoint off that default is
+    # inert, and sending null avoids a perpetual diff against it.
+    public_access_cidrs = var.endpoint_public_access ? var.public_access_cidrs : null
+  }
+
+  encryption_config {
+    resources = ["secrets"]
+
+    provider {
+      key_arn = aws_kms_key.secrets.arn
+    }
+  }
+
+  tags = var.tags
+
+  lifecycle {
+    # Cross-variable checks are not allowed in variable validation before Terraform 1.9. An
+    # empty list here would make AWS fall back to 0.0.0.0/0, the opposite of the intent.
+    precondition {
+      condition     = !var.endpoint_public_access || length(var.public_access_cidrs) > 0
+      error_message = "endpoint_public_access = true needs a non-empty public_access_cidrs."
+    }
+  }
+
+  depends_on = [
+    # Deleting the role's permissions before the cluster would leave EKS unable to clean up
+    # the ENIs and security groups it created.
+    aws_iam_role_policy_attachment.cluster,
+    aws_iam_role_policy.cluster_secrets_key,
+    # Otherwise EKS creates the log group itself (unencrypted, never expiring) and the
+    # log group resource then fails with "already exists".
+    aws_cloudwatch_log_group.cluster,
+  ]
+}
+
+# --- IRSA ----------------------------------------------------------------------------------------
+# Lets service accounts (flywheel-runner: S3 only; cluster-autoscaler) assume their own IAM
+# roles instead of inheriting the node role.
+
+data "tls_certificate" "oidc" {
+  url = aws_eks_cluster.this.identity[0].oidc[0].issuer
+}
+
+resource "aws_iam_openid_connect_provider" "this" {
+  url            = aws_eks_cluster.this.identity[0].oidc[0].issuer
+  client_id_list = ["sts.amazonaws.com"]
+  # The chain's root CA. IAM no longer checks thumbprints for EKS issuers, but the 5.x
+  # provider still requires one.
+  thumbprint_list = [data.tls_certificate.oidc.certificates[0].sha1_fingerprint]
+
+  tags = var.tags
+}
+
+# --- Nodes ---------------------------------------------------------------------------------------
+
+data "aws_iam_policy_document" "node_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "node" {
+  name               = "${var.cluster_name}-eks-node"
+  assume_role_policy = data.aws_iam_policy_document.node_assume.json
+
+  tags = var.tags
+}
+
+resource "aws_iam_role_policy_attachment" "node" {
+  # Joining the cluster, pulling images from ECR, and the VPC CNI's ENI management (the
+  # aws-node daemonset uses the node role unless it is given an IRSA role of its own).
+  for_each = toset([
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryReadOnly",
+  ])
+
+  role       = aws_iam_role.node.name
+  policy_arn = "arn:${data.aws_partition.current.partition}:iam::aws:policy/${each.value}"
+}
+
+# The launch templates set no AMI and no user data, so EKS still picks the optimized AMI of
+# the node group's ami_type and bootstraps it; they exist for the metadata and disk settings,
+# which a node group cannot set on its own. No security groups either: nodes then get the
+# cluster security group EKS manages, which already allows control plane <-> node traffic.
+resource "aws_launch_template" "cpu" {
+  name_prefix            = "${var.cluster_name}-cpu-"
+  description            = "cpu node group of ${var.cluster_name}"
+  update_default_version = true
+
+  # IMDSv2 only: a token is needed, so an SSRF in a pod cannot read the node role's
+  # credentials with a plain GET. Hop limit 2, not 1, because containers are one network hop
+  # behind the node and some system daemonsets still ask IMDS for the region and instance ID.
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 2
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda"
+
+    ebs {
+      volume_size           = var.cpu_disk_size_gib
+      volume_type           = "gp3"
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = merge(var.tags, { Name = "${var.cluster_name}-cpu" })
+  }
+
+  tag_specifications {
+    resource_type = "volume"
+    tags          = merge(var.tags, { Name = "${var.cluster_name}-cpu" })
+  }
+
+  tags = var.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_launch_template" "gpu" {
+  name_prefix            = "${var.cluster_name}-gpu-"
+  description            = "gpu node group of ${var.cluster_name}"
+  update_default_version = true
+
+  # Same reasoning as the cpu template.
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 2
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda"
+
+    ebs {
+      volume_size           = var.gpu_disk_size_gib
+      volume_type           = "gp3"
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = merge(var.tags, { Name = "${var.cluster_name}-gpu" })
+  }
+
+  tag_specifications {
+    resource_type = "volume"
+    tags          = merge(var.tags, { Name = "${var.cluster_name}-gpu" })
+  }
+
+  tags = var.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_eks_node_group" "cpu" {
+  cluster_name = aws_eks_cluster.this.name
+  # A prefix, not a fixed name: instance type or AMI changes replace the group, and
+  # create_before_destroy needs the new one to have a different name.
+  node_group_name_prefix = "cpu-"
+  node_role_arn          = aws_iam_role.node.arn
+  subnet_ids             = var.private_subnet_ids
+  # Nodes follow the control plane in the same apply instead of staying on the version the
+  # group was created with.
+  version        = aws_eks_cluster.this.version
+  ami_type       = "AL2_x86_64"
+  capacity_type  = "ON_DEMAND"
+  instance_types = var.cpu_instance_types
+
+  # Dagster's webserver and daemon and the MLflow server live here, so the group never goes
+  # below one node; the second gives room for CPU step pods and for draining during upgrades.
+  scaling_config {
+    min_size     = 1
+    desired_size = 2
+    max_size     = var.cpu_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.cpu.id
+    version = aws_launch_template.cpu.latest_version
+  }
+
+  labels = {
+    "flywheel/node-pool" = "cpu"
+  }
+
+  tags = merge(var.tags, local.autoscaler_discovery_tags)
+
+  lifecycle {
+    create_before_destroy = true
+    # The cluster autoscaler owns the current size; re-applying must not undo its scaling.
+    ignore_changes = [scaling_config[0].desired_size]
+  }
+
+  # The node role must keep its policies until the nodes are gone, or they cannot deregister.
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+resource "aws_eks_node_group" "gpu" {
+  cluster_name           = aws_eks_cluster.this.name
+  node_group_name_prefix = "gpu-"
+  node_role_arn          = aws_iam_role.node.arn
+  subnet_ids             = var.private_subnet_ids
+  version                = aws_eks_cluster.this.version
+  # The EKS GPU AMI ships the NVIDIA driver and container toolkit; the NVIDIA device plugin
+  # (installed in-cluster, tolerating the taint below) then advertises nvidia.com/gpu.
+  ami_type       = "AL2_x86_64_GPU"
+  capacity_type  = var.gpu_capacity_type
+  instance_types = var.gpu_instance_types
+
+  # Scale from zero: GPU nodes exist only while GPU step pods are pending or running.
+  scaling_config {
+    min_size     = 0
+    desired_size = 0
+    max_size     = var.gpu_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.gpu.id
+    version = aws_launch_template.gpu.latest_version
+  }
+
+  # The app's GPU steps select these nodes with orchestration.k8s.gpu_node_selector and
+  # tolerate the taint with orchestration.k8s.gpu_tolerations (configs/schema.py K8sConfig);
+  # the taint keeps every other pod off the expensive nodes so they can scale back to zero.
+  labels = {
+    "flywheel/node-pool" = "gpu"
+  }
+
+  taint {
+    key    = "nvidia.com/gpu"
+    value  = "present"
+    effect = "NO_SCHEDULE"
+  }
+
+  tags = merge(var.tags, local.autoscaler_discovery_tags, local.gpu_node_template_tags)
+
+  lifecycle {
+    create_before_destroy = true
+    ignore_changes        = [scaling_config[0].desired_size]
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+resource "aws_autoscaling_group_tag" "node_groups" {
+  for_each = local.asg_tags
+
+  autoscaling_group_name = {
+    cpu = aws_eks_node_group.cpu.resources[0].autoscaling_groups[0].name
+    gpu = aws_eks_node_group.gpu.resources[0].autoscaling_groups[0].name
+  }[each.value.node_group]
+
+  tag {
+    key   = each.value.key
+    value = each.value.value
+    # Only the autoscaler reads these, on the group; instances need not carry them.
+    propagate_at_launch = false
+  }
+}

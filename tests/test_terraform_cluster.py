@@ -1,0 +1,519 @@
+"""The cluster's Terraform modules (infra/terraform/modules/network and eks), checked offline.
+
+Providers cannot be installed here, so nothing is planned: the modules are parsed with python-hcl2
+and their settings asserted, and the variables' validation conditions are evaluated by
+`terraform console` in an empty directory (built-in functions only, no providers, no network).
+The GPU node group's label and taint are compared with what the app schedules GPU steps with
+(configs.schema.K8sConfig), since a mismatch only shows up on a live cluster as pods that stay
+Pending."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import hcl2
+import pytest
+
+from configs.schema import K8sConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TERRAFORM_DIR = ROOT / "infra" / "terraform"
+MODULES = ("network", "eks")
+
+# Plain Python values: strings without their quotes, nested blocks as lists of dicts without
+# round-trip markers. Expressions stay strings such as "${var.gpu_max_nodes}".
+PLAIN = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
+
+# The EKS API spells taint effects differently from Kubernetes.
+K8S_EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+
+needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="the terraform CLI is not installed")
+
+
+class Module:
+    """All .tf files of one module, merged by top-level block kind."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.blocks: dict[str, list[dict]] = {}
+        paths = sorted((TERRAFORM_DIR / "modules" / name).glob("*.tf"))
+        assert paths, f"no .tf files in module {name}"
+        for path in paths:
+            with path.open() as f:
+                for kind, entries in hcl2.load(f, serialization_options=PLAIN).items():
+                    self.blocks.setdefault(kind, []).extend(entries)
+
+    def _labelled(self, kind: str) -> dict:
+        merged: dict = {}
+        for entry in self.blocks.get(kind, []):
+            for label, body in entry.items():
+                merged.setdefault(label, {}).update(body)
+        return merged
+
+    def resources(self, rtype: str) -> dict[str, dict]:
+        return self._labelled("resource").get(rtype, {})
+
+    def resource(self, rtype: str, name: str) -> dict:
+        found = self.resources(rtype)
+        assert name in found, f"{self.name}: no resource {rtype}.{name} (has {sorted(found)})"
+        return found[name]
+
+    @property
+    def variables(self) -> dict[str, dict]:
+        return self._labelled("variable")
+
+    @property
+    def outputs(self) -> dict[str, dict]:
+        return self._labelled("output")
+
+    @property
+    def locals(self) -> dict:
+        merged: dict = {}
+        for entry in self.blocks.get("locals", []):
+            merged.update(entry)
+        return merged
+
+    def default(self, variable: str):
+        assert "default" in self.variables[variable], f"{self.name}: variable {variable} has no default"
+        return self.variables[variable]["default"]
+
+
+def one(body: dict, block: str) -> dict:
+    """The single nested block `block` of a resource body."""
+    blocks = body.get(block)
+    assert isinstance(blocks, list) and len(blocks) == 1, f"expected exactly one {block} block, got {blocks!r}"
+    return blocks[0]
+
+
+def references(expression, address: str) -> bool:
+    """Whether an HCL expression string mentions `address` (e.g. "local.gpu_node_template_tags")."""
+    return isinstance(expression, str) and re.search(rf"(?<![\w.]){re.escape(address)}(?![\w])", expression) is not None
+
+
+def ref(address: str) -> str:
+    """How python-hcl2 renders an attribute set to a bare reference."""
+    return "${" + address + "}"
+
+
+@cache
+def load(name: str) -> Module:
+    # Parsing is the slow part (~0.5 s a module); every test reads the same files.
+    return Module(name)
+
+
+@pytest.fixture
+def network() -> Module:
+    return load("network")
+
+
+@pytest.fixture
+def eks() -> Module:
+    return load("eks")
+
+
+# --- GPU node group vs the app ------------------------------------------------------------------
+
+
+def test_gpu_node_group_is_tainted_labelled_and_scales_from_zero(eks):
+    gpu = eks.resource("aws_eks_node_group", "gpu")
+    assert gpu["ami_type"] == "AL2_x86_64_GPU"
+    assert gpu["labels"] == {"flywheel/node-pool": "gpu"}
+    assert gpu["taint"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+
+    scaling = one(gpu, "scaling_config")
+    assert scaling["min_size"] == 0, "the gpu group must be able to scale to zero nodes"
+    assert scaling["desired_size"] == 0
+    assert scaling["max_size"] == ref("var.gpu_max_nodes")
+    assert eks.default("gpu_max_nodes") == 4
+    assert eks.default("gpu_instance_types") == ["g5.2xlarge"]
+    # The autoscaler owns the size once the group exists.
+    assert ref("scaling_config[0].desired_size") in one(gpu, "lifecycle").get("ignore_changes", [])
+
+
+def tolerates(toleration: dict[str, str], taint: dict[str, str]) -> bool:
+    """Kubernetes' rule for a toleration matching a taint (the node group's taint, EKS spelling)."""
+    if toleration.get("effect") and toleration["effect"] != K8S_EFFECT[taint["effect"]]:
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint["key"]
+    return toleration.get("key") == taint["key"] and toleration.get("value", "") == taint.get("value", "")
+
+
+def test_gpu_label_and_taint_match_what_the_app_schedules_gpu_steps_with(eks):
+    app = K8sConfig()
+    gpu = eks.resource("aws_eks_node_group", "gpu")
+    cpu = eks.resource("aws_eks_node_group", "cpu")
+
+    # GPU step pods select the gpu nodes...
+    assert app.gpu_node_selector.items() <= gpu["labels"].items(), (app.gpu_node_selector, gpu["labels"])
+    # ...and no others, so they cannot land on a node without a GPU.
+    assert not app.gpu_node_selector.items() <= cpu.get("labels", {}).items()
+    assert cpu["labels"] == {"flywheel/node-pool": "cpu"}
+    assert "taint" not in cpu, "a taint on the cpu group would keep the app's CPU pods and services off it"
+
+    # A pod lands on a node only if it tolerates every one of the node's taints.
+    for taint in gpu["taint"]:
+        assert any(tolerates(t, taint) for t in app.gpu_tolerations), (taint, app.gpu_tolerations)
+    assert app.gpu_tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_gpu_group_has_room_for_the_apps_gpu_pool(eks):
+    app = K8sConfig()
+    gpus_per_node = eks.default("gpus_per_node")
+    # A step asking for more GPUs than one node has can never be scheduled.
+    assert gpus_per_node >= app.gpus_per_step
+    # The app runs up to gpu_pool_limit GPU steps at once; the group must be able to hold them.
+    assert eks.default("gpu_max_nodes") * (gpus_per_node // app.gpus_per_step) >= app.gpu_pool_limit
+
+
+# vCPU and memory (GiB) of the GPU instance types the eks module may default to.
+GPU_INSTANCES = {"g5.2xlarge": (8, 32), "g5.4xlarge": (16, 64), "g5.8xlarge": (32, 128), "g6.2xlarge": (8, 32)}
+KUBE_RESERVED_GIB = 3  # kubelet, system daemons and eviction threshold on an EKS node of this size
+
+
+def gib(quantity: str) -> float:
+    units = {"Gi": 1, "Mi": 1 / 1024, "G": 1e9 / 2**30, "M": 1e6 / 2**30}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor
+    return float(quantity) / 2**30
+
+
+def test_a_gpu_step_fits_on_the_default_gpu_instance(eks):
+    """A request no node can hold stays Pending, and the autoscaler never adds a node for it."""
+    app = K8sConfig()
+    [instance] = eks.default("gpu_instance_types")
+    vcpu, memory = GPU_INSTANCES[instance]
+    requests = app.gpu_step_resources["requests"]
+    assert float(requests["cpu"]) < vcpu
+    assert gib(requests["memory"]) <= memory - KUBE_RESERVED_GIB, (requests, instance)
+    assert gib(app.gpu_step_resources["limits"]["memory"]) <= memory - KUBE_RESERVED_GIB
+
+
+def test_autoscaler_can_discover_both_groups_and_scale_gpu_from_zero(eks):
+    discovery = eks.locals["autoscaler_discovery_tags"]
+    assert discovery == {"k8s.io/cluster-autoscaler/enabled": "true", "k8s.io/cluster-autoscaler/${var.cluster_name}": "owned"}
+
+    # The scale-from-zero template must describe the node the gpu group would really add: its
+    # labels, its taint and its GPUs, or the autoscaler never picks the group for a GPU pod.
+    gpu = eks.resource("aws_eks_node_group", "gpu")
+    (taint,) = gpu["taint"]
+    prefix = "k8s.io/cluster-autoscaler/node-template/"
+    expected = {f"{prefix}label/{key}": value for key, value in gpu["labels"].items()}
+    expected[f"{prefix}taint/{taint['key']}"] = f"{taint['value']}:{K8S_EFFECT[taint['effect']]}"
+    expected[f"{prefix}resources/nvidia.com/gpu"] = ref("tostring(var.gpus_per_node)")
+    assert eks.locals["gpu_node_template_tags"] == expected
+    assert expected[f"{prefix}label/flywheel/node-pool"] == "gpu"
+    assert expected[f"{prefix}taint/nvidia.com/gpu"] == "present:NoSchedule"
+
+    cpu = eks.resource("aws_eks_node_group", "cpu")
+    assert references(gpu["tags"], "local.autoscaler_discovery_tags")
+    assert references(gpu["tags"], "local.gpu_node_template_tags")
+    assert references(cpu["tags"], "local.autoscaler_discovery_tags")
+    assert not references(cpu["tags"], "local.gpu_node_template_tags"), "the cpu group must not advertise GPUs"
+
+    # Node group tags do not reach the Auto Scaling group, where the autoscaler reads them: the
+    # module copies them there, the template tags to the gpu group's ASG only.
+    asg_tag = eks.resource("aws_autoscaling_group_tag", "node_groups")
+    assert asg_tag["for_each"] == ref("local.asg_tags")
+    sources = dict((group, source) for source, group in
+                   re.findall(r'\{for \w+, \w+ in (.*?) : "(cpu|gpu)\|\$\{\w+\}"', eks.locals["asg_tags"]))
+    assert sources.keys() == {"cpu", "gpu"}, eks.locals["asg_tags"]
+    assert references(sources["cpu"], "local.autoscaler_discovery_tags")
+    assert not references(sources["cpu"], "local.gpu_node_template_tags")
+    assert references(sources["gpu"], "local.autoscaler_discovery_tags")
+    assert references(sources["gpu"], "local.gpu_node_template_tags")
+    assert references(asg_tag["autoscaling_group_name"], "aws_eks_node_group.gpu.resources")
+    assert references(asg_tag["autoscaling_group_name"], "aws_eks_node_group.cpu.resources")
+
+
+def test_cpu_node_group_sizes(eks):
+    scaling = one(eks.resource("aws_eks_node_group", "cpu"), "scaling_config")
+    assert (scaling["min_size"], scaling["desired_size"], scaling["max_size"]) == (1, 2, ref("var.cpu_max_nodes"))
+    assert eks.default("cpu_instance_types") == ["m6i.2xlarge"]
+    assert eks.default("cpu_max_nodes") >= scaling["desired_size"]
+
+
+# --- Nodes: launch templates and IAM ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool", ["cpu", "gpu"])
+def test_launch_templates_require_imdsv2_and_encrypt_root_volumes(eks, pool):
+    template = eks.resource("aws_launch_template", pool)
+    metadata = one(template, "metadata_options")
+    assert metadata["http_tokens"] == "required", "IMDSv1 must be off"
+    assert metadata["http_endpoint"] == "enabled"
+    assert metadata["http_put_response_hop_limit"] == 2
+
+    ebs = one(one(template, "block_device_mappings"), "ebs")
+    assert ebs["encrypted"] is True
+    assert ebs["volume_type"] == "gp3"
+    assert ebs["volume_size"] == ref(f"var.{pool}_disk_size_gib")
+
+    # A template no node group uses protects nothing.
+    launch_template = one(eks.resource("aws_eks_node_group", pool), "launch_template")
+    assert launch_template["id"] == ref(f"aws_launch_template.{pool}.id")
+    assert launch_template["version"] == ref(f"aws_launch_template.{pool}.latest_version")
+
+
+def test_gpu_root_volume_is_200_gib(eks):
+    assert eks.default("gpu_disk_size_gib") == 200
+
+
+def test_iam_roles_carry_the_eks_managed_policies(eks):
+    cluster_policy = eks.resource("aws_iam_role_policy_attachment", "cluster")
+    assert cluster_policy["role"] == ref("aws_iam_role.cluster.name")
+    assert cluster_policy["policy_arn"].endswith(":iam::aws:policy/AmazonEKSClusterPolicy")
+
+    node_policies = eks.resource("aws_iam_role_policy_attachment", "node")
+    assert node_policies["role"] == ref("aws_iam_role.node.name")
+    attached = set(re.findall(r'"(\w+)"', node_policies["for_each"]))
+    assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly"}
+    for pool in ("cpu", "gpu"):
+        assert eks.resource("aws_eks_node_group", pool)["node_role_arn"] == ref("aws_iam_role.node.arn")
+
+
+# --- Control plane -------------------------------------------------------------------------------
+
+
+def test_cluster_is_private_encrypts_secrets_and_logs_everything(eks):
+    cluster = eks.resource("aws_eks_cluster", "this")
+    vpc = one(cluster, "vpc_config")
+    assert vpc["endpoint_private_access"] is True
+    assert vpc["endpoint_public_access"] == ref("var.endpoint_public_access")
+    assert eks.default("endpoint_public_access") is False
+    assert vpc["subnet_ids"] == ref("var.private_subnet_ids")
+
+    encryption = one(cluster, "encryption_config")
+    assert encryption["resources"] == ["secrets"]
+    assert one(encryption, "provider")["key_arn"] == ref("aws_kms_key.secrets.arn")
+    assert eks.resource("aws_kms_key", "secrets")["enable_key_rotation"] is True
+
+    assert cluster["version"] == ref("var.kubernetes_version")
+    assert eks.default("kubernetes_version") == "1.31"
+    assert cluster["enabled_cluster_log_types"] == ref("local.control_plane_log_types")
+    assert set(eks.locals["control_plane_log_types"]) == {"api", "audit", "authenticator", "controllerManager", "scheduler"}
+    log_group = eks.resource("aws_cloudwatch_log_group", "cluster")
+    assert log_group["kms_key_id"] == ref("aws_kms_key.logs.arn")
+    assert eks.resource("aws_kms_key", "logs")["enable_key_rotation"] is True
+
+
+def test_irsa_oidc_provider_uses_the_clusters_issuer(eks):
+    oidc = eks.resource("aws_iam_openid_connect_provider", "this")
+    assert oidc["url"] == ref("aws_eks_cluster.this.identity[0].oidc[0].issuer")
+    assert oidc["client_id_list"] == ["sts.amazonaws.com"]
+    assert oidc["thumbprint_list"] == [ref("data.tls_certificate.oidc.certificates[0].sha1_fingerprint")]
+    assert eks.outputs["oidc_provider_url"]["value"] == ref('replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")')
+
+
+def test_eks_outputs(eks):
+    required = {"cluster_name", "cluster_endpoint", "cluster_certificate_authority_data", "oidc_provider_arn", "oidc_provider_url",
+                "node_security_group_id", "cluster_security_group_id", "gpu_node_group_name"}
+    assert required <= eks.outputs.keys(), required - eks.outputs.keys()
+    assert eks.outputs["gpu_node_group_name"]["value"] == ref("aws_eks_node_group.gpu.node_group_name")
+
+
+# --- Network -------------------------------------------------------------------------------------
+
+
+def test_public_subnets_do_not_map_public_ips(network):
+    assert network.resource("aws_subnet", "public")["map_public_ip_on_launch"] is False
+    assert network.resource("aws_subnet", "private").get("map_public_ip_on_launch", False) is False
+
+
+def test_subnets_are_tagged_for_eks_load_balancers(network):
+    cluster_tag = "kubernetes.io/cluster/${var.cluster_name}"
+    assert network.locals["public_subnet_tags"] == {cluster_tag: "shared", "kubernetes.io/role/elb": "1"}
+    assert network.locals["private_subnet_tags"] == {cluster_tag: "shared", "kubernetes.io/role/internal-elb": "1"}
+    assert references(network.resource("aws_subnet", "public")["tags"], "local.public_subnet_tags")
+    assert references(network.resource("aws_subnet", "private")["tags"], "local.private_subnet_tags")
+
+
+def test_subnets_span_az_count_zones_with_cidrsubnet(network):
+    for kind in ("private", "public"):
+        subnet = network.resource("aws_subnet", kind)
+        assert subnet["count"] == ref("var.az_count")
+        assert subnet["cidr_block"] == ref(f"local.{kind}_subnet_cidrs[count.index]")
+        assert references(network.locals[f"{kind}_subnet_cidrs"], "var.vpc_cidr")
+        assert "cidrsubnet(" in network.locals[f"{kind}_subnet_cidrs"]
+    assert network.default("az_count") == 3
+    assert network.default("single_nat_gateway") is True
+    assert network.locals["nat_gateway_count"] == ref("var.single_nat_gateway ? 1 : var.az_count")
+
+
+def test_vpc_has_dns_and_a_rule_free_default_security_group(network):
+    vpc = network.resource("aws_vpc", "this")
+    assert vpc["enable_dns_support"] is True and vpc["enable_dns_hostnames"] is True
+    default_sg = network.resource("aws_default_security_group", "default")
+    assert default_sg["vpc_id"] == ref("aws_vpc.this.id")
+    assert "ingress" not in default_sg and "egress" not in default_sg
+
+
+def test_vpc_flow_logs_go_to_an_encrypted_log_group_kept_a_year(network):
+    flow_log = network.resource("aws_flow_log", "vpc")
+    assert flow_log["vpc_id"] == ref("aws_vpc.this.id")
+    assert flow_log["log_destination"] == ref("aws_cloudwatch_log_group.flow_logs.arn")
+    assert flow_log["iam_role_arn"] == ref("aws_iam_role.flow_logs.arn")
+    assert network.default("flow_log_traffic_type") == "ALL"
+
+    log_group = network.resource("aws_cloudwatch_log_group", "flow_logs")
+    assert log_group["kms_key_id"] == ref("aws_kms_key.flow_logs.arn")
+    assert log_group["retention_in_days"] == ref("var.flow_log_retention_days")
+    assert network.default("flow_log_retention_days") >= 365
+    assert network.resource("aws_kms_key", "flow_logs")["enable_key_rotation"] is True
+    assert network.resource("aws_iam_role_policy", "flow_logs")["role"] == ref("aws_iam_role.flow_logs.id")
+
+
+# --- Module hygiene ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_variable_has_a_description_and_a_type(name):
+    module = load(name)
+    assert module.variables
+    for variable, body in module.variables.items():
+        assert isinstance(body.get("description"), str) and body["description"].strip(), f"{name}: variable {variable} has no description"
+        assert body.get("type"), f"{name}: variable {variable} has no type"
+    for output, body in module.outputs.items():
+        assert body.get("description"), f"{name}: output {output} has no description"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_versions_are_constrained_and_no_provider_is_configured(name):
+    module = load(name)
+    (settings,) = module.blocks["terraform"]
+    assert settings["required_version"] == ">= 1.6"
+    (providers,) = settings["required_providers"]
+    assert providers["aws"] == {"source": "hashicorp/aws", "version": "~> 5.0"}
+    if name == "eks":
+        assert providers["tls"] == {"source": "hashicorp/tls", "version": "~> 4.0"}
+    # A module that configures providers cannot be used with for_each/count and pins the caller's region.
+    assert "provider" not in module.blocks
+
+
+# --- Terraform CLI (offline) -----------------------------------------------------------------------
+
+
+def terraform_env() -> dict[str, str]:
+    # No version check call home: CI and developers' machines may have no route out.
+    return {**os.environ, "CHECKPOINT_DISABLE": "1"}
+
+
+def hcl_literal(value) -> str:
+    """A Python value as an HCL expression (JSON literals are valid HCL)."""
+    return json.dumps(value)
+
+
+def substitute(condition: str, values: dict) -> str:
+    expression = condition.removeprefix("${").removesuffix("}")
+    for name, value in values.items():
+        expression = re.sub(rf"\bvar\.{name}\b", lambda _: hcl_literal(value), expression)
+    assert "var." not in expression, f"unsubstituted variable in {expression}"
+    return expression
+
+
+def evaluate(conditions: list[str], cwd: Path) -> list[str]:
+    """Evaluates boolean HCL expressions in one `terraform console` run: "true", "false" or "error"
+    (a condition that fails to evaluate rejects the value, as in a real plan)."""
+    wrapped = ", ".join(f'try(({c}) ? "true" : "false", "error")' for c in conditions)
+    done = subprocess.run(["terraform", "console"], input=f"[{wrapped}]\n", cwd=cwd, env=terraform_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    results = re.findall(r'"(true|false|error)"', done.stdout)
+    assert len(results) == len(conditions), done.stdout
+    return results
+
+
+# (module, variable, value, accepted)
+VALIDATION_CASES = [
+    ("network", "cluster_name", "flywheel", True),
+    ("network", "cluster_name", "flywheel_prod", False),
+    ("network", "cluster_name", "9lives", False),
+    ("network", "cluster_name", "f" * 41, False),
+    ("network", "vpc_cidr", "10.0.0.0/16", True),
+    ("network", "vpc_cidr", "10.20.0.0/22", True),
+    ("network", "vpc_cidr", "10.0.0.1/16", False),
+    ("network", "vpc_cidr", "10.0.0.0/8", False),
+    ("network", "vpc_cidr", "10.0.0.0/24", False),
+    ("network", "vpc_cidr", "ten.0.0.0/16", False),
+    ("network", "az_count", 2, True),
+    ("network", "az_count", 6, True),
+    ("network", "az_count", 1, False),
+    ("network", "az_count", 7, False),
+    ("network", "az_count", 2.5, False),
+    ("network", "flow_log_retention_days", 731, True),
+    ("network", "flow_log_retention_days", 90, False),
+    ("network", "flow_log_retention_days", 0, False),
+    ("eks", "cluster_name", "flywheel-prod", True),
+    ("eks", "cluster_name", "-flywheel", False),
+    ("eks", "kubernetes_version", "1.32", True),
+    ("eks", "kubernetes_version", "1.33", False),
+    ("eks", "kubernetes_version", "1.31.2", False),
+    ("eks", "kubernetes_version", "v1.31", False),
+    ("eks", "public_access_cidrs", ["203.0.113.0/24"], True),
+    ("eks", "public_access_cidrs", [], True),
+    ("eks", "public_access_cidrs", ["0.0.0.0/0"], False),
+    ("eks", "public_access_cidrs", ["203.0.113.0/24", "0.0.0.0/0"], False),
+    ("eks", "public_access_cidrs", ["203.0.113.7"], False),
+    ("eks", "private_subnet_ids", ["subnet-0a1", "subnet-0b2"], True),
+    ("eks", "private_subnet_ids", ["subnet-0a1"], False),
+    ("eks", "private_subnet_ids", ["sg-0a1", "subnet-0b2"], False),
+    ("eks", "cpu_max_nodes", 2, True),
+    ("eks", "cpu_max_nodes", 1, False),
+    ("eks", "gpu_max_nodes", 1, True),
+    ("eks", "gpu_max_nodes", 0, False),
+    ("eks", "gpus_per_node", 0, False),
+    ("eks", "gpu_disk_size_gib", 50, False),
+    ("eks", "gpu_capacity_type", "SPOT", True),
+    ("eks", "gpu_capacity_type", "spot", False),
+]
+
+# aws_eks_cluster's precondition: a public endpoint needs an allow-list, since AWS falls back to 0.0.0.0/0.
+PUBLIC_ENDPOINT_CASES = [
+    ({"endpoint_public_access": False, "public_access_cidrs": []}, True),
+    ({"endpoint_public_access": True, "public_access_cidrs": ["203.0.113.0/24"]}, True),
+    ({"endpoint_public_access": True, "public_access_cidrs": []}, False),
+]
+
+
+@needs_terraform
+def test_validations_accept_the_defaults_and_reject_bad_values(network, eks, tmp_path):
+    modules = {"network": network, "eks": eks}
+    conditions, expectations = [], []
+
+    def expect(label: str, condition_values: list[tuple[str, dict]], accepted: bool):
+        conditions.append(" && ".join(f"({substitute(c, v)})" for c, v in condition_values))
+        expectations.append((label, accepted))
+
+    for module_name, variable, value, accepted in VALIDATION_CASES:
+        validations = modules[module_name].variables[variable].get("validation", [])
+        assert validations, f"{module_name}: variable {variable} has no validation"
+        expect(f"{module_name}.{variable}={value!r}", [(v["condition"], {variable: value}) for v in validations], accepted)
+
+    # A default its own validation rejects would fail every plan that does not override it.
+    for module_name, module in modules.items():
+        for variable, body in module.variables.items():
+            if "default" in body and body.get("validation"):
+                expect(f"{module_name}.{variable} default", [(v["condition"], {variable: body["default"]}) for v in body["validation"]], True)
+
+    (precondition,) = one(eks.resource("aws_eks_cluster", "this"), "lifecycle")["precondition"]
+    for values, accepted in PUBLIC_ENDPOINT_CASES:
+        expect(f"aws_eks_cluster precondition {values}", [(precondition["condition"], values)], accepted)
+
+    results = evaluate(conditions, tmp_path)
+    wrong = [f"{label}: expected {'accepted' if accepted else 'rejected'}, got {result}"
+             for (label, accepted), result in zip(expectations, results) if (result == "true") != accepted]
+    assert not wrong, "\n".join(wrong)
+
+
+@needs_terraform
+def test_terraform_files_are_formatted():
+    done = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(TERRAFORM_DIR)], env=terraform_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"run `terraform fmt -recursive infra/terraform`:\n{done.stdout}{done.stderr}"
