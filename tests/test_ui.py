@@ -217,7 +217,11 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
         page.get_by_placeholder("name").fill("1")
         page.get_by_role("button", name="Save").click()
         launch = page.get_by_role("button", name="Launch 1 run")
-        launch.wait_for(timeout=30_000)
+        try:
+            launch.wait_for(timeout=90_000)  # the new partition is added, then selected
+        except Exception as exc:
+            page.screenshot(path=str(SHOTS / "dagster-round-launch-failed.png"))
+            raise AssertionError(f"no 'Launch 1 run' after adding partition 1; the page says: {page.inner_text('body')[-1500:]}") from exc
         page.screenshot(path=str(SHOTS / "dagster-round-launch.png"))
         launch.click()
         round_run = _finished_run(home, "rl_round_job")
