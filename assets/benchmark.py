@@ -1,5 +1,7 @@
 """Benchmark a checkpoint on the held-out tasks, register it, and run the promotion gate."""
 
+import math
+
 import pandas as pd
 import torch
 from dagster import AssetExecutionContext, AutomationCondition, MetadataValue, Output, asset
@@ -57,8 +59,9 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
             tracker.promote(version.version, "gate")
         else:
             tracker.set_alias(CHALLENGER, version.version)
-        png = pass_at_1_by_version(tracker)
-        table = pd.DataFrame(tracker.version_rows()).to_markdown(index=False, floatfmt=".3f")
+        rows = tracker.version_rows()  # one read of every version's run: the plot and the table
+        png = pass_at_1_by_version(rows)
+        table = pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f")
         # the round's (or foundation's) parent run shows the headline figures in the runs list
         headline = {k: summary[k] for k in ("pass_at_1", "pass_at_1_ci_low", "pass_at_1_ci_high", "greedy_pass_at_1")}
         parent = tracker.parent_of(run_id)
@@ -91,20 +94,13 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
     )
 
 
-def pass_at_1_by_version(tracker: MLflowTracker) -> bytes:
-    client = tracker.client()
-    labels, values, lows, highs = [], [], [], []
-    for v in tracker.versions():
-        metrics = client.get_run(v.run_id).data.metrics
-        if "pass_at_1" in metrics:
-            labels.append(f"v{v.version} {v.tags.get('stage', '')}{v.tags.get('round', '')}")
-            values.append(metrics["pass_at_1"])
-            lows.append(metrics.get("pass_at_1_ci_low", metrics["pass_at_1"]))
-            highs.append(metrics.get("pass_at_1_ci_high", metrics["pass_at_1"]))
-    return bars_png(labels, values, lows, highs, "held-out pass@1 by model version")
+def pass_at_1_by_version(rows: list[dict]) -> bytes:
+    scored = [r for r in rows if not math.isnan(r["pass_at_1"])]
+    return bars_png([f"v{r['version']} {r['stage']}{r['round']}" for r in scored], [r["pass_at_1"] for r in scored],
+                    [r["ci_low"] if not math.isnan(r["ci_low"]) else r["pass_at_1"] for r in scored],
+                    [r["ci_high"] if not math.isnan(r["ci_high"]) else r["pass_at_1"] for r in scored], "held-out pass@1 by model version")
 
 
-# eager: a new SFT checkpoint is due a benchmark whichever run made it (flywheel_automation sensor)
 @asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY, automation_condition=AutomationCondition.eager(),
        description="SFT checkpoint on the held-out benchmark; registered as a model version.")
 def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
