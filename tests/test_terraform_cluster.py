@@ -9,112 +9,28 @@ Pending."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 import subprocess
-from functools import cache
-from pathlib import Path
 
-import hcl2
 import pytest
 
 from configs.schema import K8sConfig
+from tests.terraform_support import TERRAFORM_DIR, Module, evaluate, module, needs_terraform, one, ref, references, substitute, terraform_env
 
-ROOT = Path(__file__).resolve().parents[1]
-TERRAFORM_DIR = ROOT / "infra" / "terraform"
 MODULES = ("network", "eks")
-
-# Plain Python values: strings without their quotes, nested blocks as lists of dicts without
-# round-trip markers. Expressions stay strings such as "${var.gpu_max_nodes}".
-PLAIN = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
 
 # The EKS API spells taint effects differently from Kubernetes.
 K8S_EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
-needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="the terraform CLI is not installed")
-
-
-class Module:
-    """All .tf files of one module, merged by top-level block kind."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.blocks: dict[str, list[dict]] = {}
-        paths = sorted((TERRAFORM_DIR / "modules" / name).glob("*.tf"))
-        assert paths, f"no .tf files in module {name}"
-        for path in paths:
-            with path.open() as f:
-                for kind, entries in hcl2.load(f, serialization_options=PLAIN).items():
-                    self.blocks.setdefault(kind, []).extend(entries)
-
-    def _labelled(self, kind: str) -> dict:
-        merged: dict = {}
-        for entry in self.blocks.get(kind, []):
-            for label, body in entry.items():
-                merged.setdefault(label, {}).update(body)
-        return merged
-
-    def resources(self, rtype: str) -> dict[str, dict]:
-        return self._labelled("resource").get(rtype, {})
-
-    def resource(self, rtype: str, name: str) -> dict:
-        found = self.resources(rtype)
-        assert name in found, f"{self.name}: no resource {rtype}.{name} (has {sorted(found)})"
-        return found[name]
-
-    @property
-    def variables(self) -> dict[str, dict]:
-        return self._labelled("variable")
-
-    @property
-    def outputs(self) -> dict[str, dict]:
-        return self._labelled("output")
-
-    @property
-    def locals(self) -> dict:
-        merged: dict = {}
-        for entry in self.blocks.get("locals", []):
-            merged.update(entry)
-        return merged
-
-    def default(self, variable: str):
-        assert "default" in self.variables[variable], f"{self.name}: variable {variable} has no default"
-        return self.variables[variable]["default"]
-
-
-def one(body: dict, block: str) -> dict:
-    """The single nested block `block` of a resource body."""
-    blocks = body.get(block)
-    assert isinstance(blocks, list) and len(blocks) == 1, f"expected exactly one {block} block, got {blocks!r}"
-    return blocks[0]
-
-
-def references(expression, address: str) -> bool:
-    """Whether an HCL expression string mentions `address` (e.g. "local.gpu_node_template_tags")."""
-    return isinstance(expression, str) and re.search(rf"(?<![\w.]){re.escape(address)}(?![\w])", expression) is not None
-
-
-def ref(address: str) -> str:
-    """How python-hcl2 renders an attribute set to a bare reference."""
-    return "${" + address + "}"
-
-
-@cache
-def load(name: str) -> Module:
-    # Parsing is the slow part (~0.5 s a module); every test reads the same files.
-    return Module(name)
-
 
 @pytest.fixture
 def network() -> Module:
-    return load("network")
+    return module("network")
 
 
 @pytest.fixture
 def eks() -> Module:
-    return load("eks")
+    return module("eks")
 
 
 # --- GPU node group vs the app ------------------------------------------------------------------
@@ -375,59 +291,29 @@ def test_vpc_flow_logs_go_to_an_encrypted_log_group_kept_a_year(network):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_variable_has_a_description_and_a_type(name):
-    module = load(name)
-    assert module.variables
-    for variable, body in module.variables.items():
+    parsed = module(name)
+    assert parsed.variables
+    for variable, body in parsed.variables.items():
         assert isinstance(body.get("description"), str) and body["description"].strip(), f"{name}: variable {variable} has no description"
         assert body.get("type"), f"{name}: variable {variable} has no type"
-    for output, body in module.outputs.items():
+    for output, body in parsed.outputs.items():
         assert body.get("description"), f"{name}: output {output} has no description"
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_versions_are_constrained_and_no_provider_is_configured(name):
-    module = load(name)
-    (settings,) = module.blocks["terraform"]
+    parsed = module(name)
+    (settings,) = parsed.blocks["terraform"]
     assert settings["required_version"] == ">= 1.6"
     (providers,) = settings["required_providers"]
     assert providers["aws"] == {"source": "hashicorp/aws", "version": "~> 5.0"}
     if name == "eks":
         assert providers["tls"] == {"source": "hashicorp/tls", "version": "~> 4.0"}
     # A module that configures providers cannot be used with for_each/count and pins the caller's region.
-    assert "provider" not in module.blocks
+    assert "provider" not in parsed.blocks
 
 
-# --- Terraform CLI (offline) -----------------------------------------------------------------------
-
-
-def terraform_env() -> dict[str, str]:
-    # No version check call home: CI and developers' machines may have no route out.
-    return {**os.environ, "CHECKPOINT_DISABLE": "1"}
-
-
-def hcl_literal(value) -> str:
-    """A Python value as an HCL expression (JSON literals are valid HCL)."""
-    return json.dumps(value)
-
-
-def substitute(condition: str, values: dict) -> str:
-    expression = condition.removeprefix("${").removesuffix("}")
-    for name, value in values.items():
-        expression = re.sub(rf"\bvar\.{name}\b", lambda _: hcl_literal(value), expression)
-    assert "var." not in expression, f"unsubstituted variable in {expression}"
-    return expression
-
-
-def evaluate(conditions: list[str], cwd: Path) -> list[str]:
-    """Evaluates boolean HCL expressions in one `terraform console` run: "true", "false" or "error"
-    (a condition that fails to evaluate rejects the value, as in a real plan)."""
-    wrapped = ", ".join(f'try(({c}) ? "true" : "false", "error")' for c in conditions)
-    done = subprocess.run(["terraform", "console"], input=f"[{wrapped}]\n", cwd=cwd, env=terraform_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    results = re.findall(r'"(true|false|error)"', done.stdout)
-    assert len(results) == len(conditions), done.stdout
-    return results
+# --- Variable validations (terraform console, offline) ----------------------------------------------
 
 
 # (module, variable, value, accepted)

@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 from typing import Any, Callable
 
-import hcl2
 import pytest
 
-MODULES_DIR = Path(__file__).resolve().parents[1] / "infra" / "terraform" / "modules"
+from tests.terraform_support import module
+
 MODULE_NAMES = ("storage", "database", "irsa")
-MODULE_FILES = ("main.tf", "variables.tf", "outputs.tf", "versions.tf")
-# Plain Python values: quotes stripped, blocks as lists of dicts, heredocs as text.
-OPTIONS = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False, preserve_heredocs=False)
 REF = re.compile(r"^\$\{([^{}]+)\}$")  # an attribute that is a single reference, e.g. ${var.x}
 
 Modules = dict[str, dict[str, list[dict[str, Any]]]]
 
 
 def parse_modules() -> Modules:
-    modules: Modules = {}
-    for name in MODULE_NAMES:
-        merged: dict[str, list[dict[str, Any]]] = {}
-        for file in MODULE_FILES:
-            with open(MODULES_DIR / name / file) as fh:
-                for kind, items in hcl2.load(fh, serialization_options=OPTIONS).items():
-                    merged.setdefault(kind, []).extend(items)
-        modules[name] = merged
-    return modules
+    # Copies: test_check_catches mutates them, and the parsed modules are cached for every test.
+    return {name: copy.deepcopy(module(name).blocks) for name in MODULE_NAMES}
 
 
 @pytest.fixture(scope="module")
