@@ -13,7 +13,7 @@ run: setup
 	$(PY) -m pipelines.run --profile $(PROFILE) $(if $(SEED),--seed $(SEED),) $(ARGS)
 
 test: setup
-	@bash scripts/setup.sh --browser
+	@bash scripts/setup.sh --browser --tools
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 

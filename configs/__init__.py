@@ -2,12 +2,18 @@
 
 `load_profile("tiny", overrides={"rl.rounds": 3})` returns a frozen, validated config or raises
 `ConfigError` naming the file, the field path and the bad value, before any work starts.
+
+String values may name environment variables, `${VAR}` or `${VAR:-default}` (as in a shell or
+docker compose): the `cluster` profile takes its bucket, images and MLflow address from the
+variables the Terraform outputs fill in (docs/deploy.md). A variable that is unset and has no
+default is an error naming the profile, the field and the variable.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,36 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any, defaults: dict[str,
     node[leaf] = value
 
 
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def env_references(text: str) -> list[tuple[str, str | None]]:
+    """The `(VAR, default or None)` references in a profile value, in order."""
+    return [(m.group(1), m.group(2)) for m in ENV_REFERENCE.finditer(text)]
+
+
+def _interpolate(node: Any, source: str, field: str = "") -> Any:
+    """A copy of the profile tree with every `${VAR}` / `${VAR:-default}` in a string replaced."""
+    if isinstance(node, dict):
+        return {key: _interpolate(value, source, f"{field}.{key}" if field else str(key)) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(value, source, f"{field}[{i}]") for i, value in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
+    def resolve(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        value = os.environ.get(name)
+        if value is None or (value == "" and default is not None):
+            if default is None:
+                raise ConfigError(f"{source}: {field} reads environment variable {name}, which is not set "
+                                  f"(the cluster profile's variables are listed in docs/deploy.md)")
+            return default
+        return value
+
+    return ENV_REFERENCE.sub(resolve, node)
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`rl.rounds=3` -> ("rl.rounds", 3); the value is parsed as YAML (numbers, lists, null)."""
     if "=" not in text:
@@ -80,6 +116,7 @@ def load_profile(name: str | None = None, overrides: dict[str, Any] | None = Non
     defaults = FlywheelConfig().model_dump()
     for key, value in (overrides or {}).items():
         _set_path(tree, key, value, defaults)
+    tree = _interpolate(tree, str(path))
     try:
         return FlywheelConfig.model_validate(tree)
     except ValidationError as exc:
@@ -87,4 +124,4 @@ def load_profile(name: str | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(_describe(exc, source)) from None
 
 
-__all__ = ["ConfigError", "FlywheelConfig", "available_profiles", "flywheel_home", "load_profile", "parse_override"]
+__all__ = ["ConfigError", "FlywheelConfig", "available_profiles", "env_references", "flywheel_home", "load_profile", "parse_override"]

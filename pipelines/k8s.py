@@ -14,6 +14,10 @@ from assets.policies import GPU_POOL
 from configs import FlywheelConfig
 from configs.schema import K8sConfig
 
+# A step pod is a bare Job pod: when the cluster autoscaler consolidates nodes it would evict one
+# mid-step (an RL round an hour in). This annotation makes it wait for the pod to finish instead.
+NO_EVICTION = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+
 
 def gpu_ops(assets: list, cfg: FlywheelConfig | None = None) -> list[str]:
     """Op names of the assets in the `gpu` pool (a multi-asset is one op) that do their GPU work
@@ -38,7 +42,8 @@ def step_config(k8s: K8sConfig, *, gpu: bool) -> dict[str, Any]:
     if k8s.env_secret:
         container["env_from"] = [{"secret_ref": {"name": k8s.env_secret}}]
     # a failed step is retried by Dagster (RetryPolicy), not by Kubernetes re-running the pod
-    return {"container_config": container, "pod_spec_config": pod_spec, "job_spec_config": {"backoff_limit": 0}}
+    return {"container_config": container, "pod_spec_config": pod_spec, "pod_template_spec_metadata": {"annotations": dict(NO_EVICTION)},
+            "job_spec_config": {"backoff_limit": 0}}
 
 
 def job_pod_spec(k8s: K8sConfig) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: system packages, then .venv with pinned Python packages.
 # A second call with nothing changed returns in about a second (stamp file keyed on the pins).
+# Test-only extras, for `make test`: --browser (Chromium) and --tools (checkov in .venv-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +9,16 @@ VENV=.venv
 PY=${PYTHON:-python3.11}
 STAMP="$VENV/.setup-stamp"
 want=$(cat pyproject.toml requirements.lock scripts/setup.sh | sha256sum | cut -d' ' -f1)
+
+BROWSER=0
+TOOLS=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) BROWSER=1 ;;
+    --tools) TOOLS=1 ;;
+    *) echo "usage: $0 [--browser] [--tools]" >&2; exit 2 ;;
+  esac
+done
 
 # 1. bubblewrap: the local sandbox for untrusted code (no network, read-only fs).
 if ! command -v bwrap >/dev/null 2>&1; then
@@ -18,10 +29,24 @@ fi
 
 # 1b. `--browser` (make test): Debian's Chromium for the UI tests (tests/test_ui.py drives it with
 #     Playwright; Playwright's own browser download is not reachable here).
-if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
+if [ "$BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "[setup] installing chromium (browser tests)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+# 1c. `--tools` (make test): checkov, which tests/test_checkov.py runs over infra/terraform and
+#     docker/. It gets a venv of its own: checkov ships a module named `hcl2` that would shadow
+#     python-hcl2, which the Terraform tests import from .venv (FIELD-NOTES.md).
+TOOLS_VENV=.venv-tools
+CHECKOV_PIN="checkov==3.3.30"
+if [ "$TOOLS" = 1 ] && [ "$(cat "$TOOLS_VENV/.setup-stamp" 2>/dev/null)" != "$CHECKOV_PIN" ]; then
+  echo "[setup] installing $CHECKOV_PIN into $TOOLS_VENV (about a minute)"
+  [ -x "$TOOLS_VENV/bin/python" ] || "$PY" -m venv "$TOOLS_VENV"
+  echo '*' > "$TOOLS_VENV/.gitignore"  # keeps the venv out of git (python3.11's venv writes none)
+  "$TOOLS_VENV/bin/pip" install -q "$CHECKOV_PIN"
+  echo "[setup] ok: checkov $("$TOOLS_VENV/bin/checkov" --version)"
+  echo "$CHECKOV_PIN" > "$TOOLS_VENV/.setup-stamp"
 fi
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then

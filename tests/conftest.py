@@ -45,3 +45,29 @@ def warm_policy(micro_cfg, sandbox):
     from training.warm_start import warm_started_policy
 
     return warm_started_policy(micro_cfg, sandbox, sft_steps=200)
+
+
+# What the platform layer's `flywheel-env` Secret gives every pod on the cluster (the infra layer's
+# `flywheel_env` output plus the database password): the `cluster` profile reads these variables.
+CLUSTER_ENV = {
+    "FLYWHEEL_PROFILE": "cluster",
+    "FLYWHEEL_ARTIFACT_ROOT": "s3://flywheel-artifacts-123456789012/flywheel",
+    "FLYWHEEL_IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/flywheel/dagster:0.1.0",
+    "FLYWHEEL_TRAINER_IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/flywheel/trainer:0.1.0",
+    "FLYWHEEL_SANDBOX_IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/flywheel/sandbox:0.1.0",
+    "MLFLOW_TRACKING_URI": "http://mlflow.flywheel.svc.cluster.local:5000",
+    "DAGSTER_PG_HOST": "flywheel.abcdefghijkl.us-east-1.rds.amazonaws.com",
+    "DAGSTER_PG_DB": "dagster",
+    "DAGSTER_PG_USER": "flywheel",
+    "DAGSTER_PG_PASSWORD": "not-a-real-password",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@pytest.fixture
+def cluster_env(monkeypatch):
+    """The cluster's environment, for tests that load the `cluster` profile; undone after the test
+    (MLFLOW_TRACKING_URI must not leak into other tests' runs)."""
+    for name, value in CLUSTER_ENV.items():
+        monkeypatch.setenv(name, value)
+    return dict(CLUSTER_ENV)

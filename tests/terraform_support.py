@@ -193,3 +193,42 @@ def validate(directory: Path, workdir: Path) -> subprocess.CompletedProcess:
                           env=terraform_env(), capture_output=True, text=True, timeout=300)
     assert init.returncode == 0, f"terraform init in {directory}:\n{init.stdout}{init.stderr}"
     return subprocess.run(["terraform", "validate", "-json"], cwd=target, env=terraform_env(), capture_output=True, text=True, timeout=300)
+
+
+class Validations:
+    """Variable validations and preconditions to evaluate together in one `terraform console` run
+    (a few seconds each; one per test file instead of one per case)."""
+
+    def __init__(self, modules: dict[str, Module]):
+        self.modules = modules
+        self.conditions: list[str] = []
+        self.expectations: list[tuple[str, bool]] = []
+
+    def expect_conditions(self, label: str, condition_values: list[tuple[str, dict]], accepted: bool) -> None:
+        """All of `(condition, {variable: value})` hold together, or (accepted=False) not."""
+        self.conditions.append(" && ".join(f"({substitute(c, v)})" for c, v in condition_values))
+        self.expectations.append((label, accepted))
+
+    def expect(self, module_name: str, variable: str, value, accepted: bool, label: str | None = None) -> None:
+        """`variable` of `module_name` with `value` passes every validation it has (or not)."""
+        validations = self.modules[module_name].variables[variable].get("validation", [])
+        assert validations, f"{module_name}: variable {variable} has no validation"
+        self.expect_conditions(label or f"{module_name}.{variable}={value!r}",
+                               [(v["condition"], {variable: value}) for v in validations], accepted)
+
+    def cases(self, cases: list[tuple[str, str, object, bool]]) -> None:
+        for module_name, variable, value, accepted in cases:
+            self.expect(module_name, variable, value, accepted)
+
+    def defaults(self, *module_names: str) -> None:
+        # A default its own validation rejects would fail every plan that does not override it.
+        for module_name in module_names or tuple(self.modules):
+            for variable, body in self.modules[module_name].variables.items():
+                if "default" in body and body.get("validation"):
+                    self.expect(module_name, variable, body["default"], True, label=f"{module_name}.{variable} default")
+
+    def check(self, workdir: Path) -> None:
+        results = evaluate(self.conditions, workdir)
+        wrong = [f"{label}: expected {'accepted' if accepted else 'rejected'}, got {result}"
+                 for (label, accepted), result in zip(self.expectations, results) if (result == "true") != accepted]
+        assert not wrong, "\n".join(wrong)

@@ -3,13 +3,15 @@ import pytest
 from configs import ConfigError, available_profiles, load_profile, parse_override
 
 
-def test_all_profiles_validate():
+def test_all_profiles_validate(cluster_env):
     assert {"tiny", "micro", "gpu", "cluster"} <= set(available_profiles())
     for name in available_profiles():
         cfg = load_profile(name)
         assert cfg.profile == name
     assert load_profile("gpu").model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
-    assert load_profile("cluster").storage.root.startswith("s3://")
+    cluster = load_profile("cluster")
+    assert cluster.storage.root == cluster_env["FLYWHEEL_ARTIFACT_ROOT"]
+    assert cluster.orchestration.k8s.gpu_image == cluster_env["FLYWHEEL_TRAINER_IMAGE"]
 
 
 def test_tiny_is_default(monkeypatch):
@@ -76,3 +78,39 @@ def test_vllm_on_cpu_refuses_a_head_size_its_kernels_lack():
     assert load_profile("tiny", {"rollout.engine": "vllm"}).rollout.vllm.block_size == 32  # head size 128/4 = 32: served
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm on CPU needs a head size .* model.hidden_size 128 / model.num_attention_heads 8 = 16"):
         load_profile("tiny", {"rollout.engine": "vllm", "model.num_attention_heads": 8, "model.num_key_value_heads": 8})
+
+
+def test_cluster_profile_reads_the_terraform_outputs_from_the_environment(cluster_env):
+    cfg = load_profile("cluster")
+    assert cfg.tracking.tracking_uri == cluster_env["MLFLOW_TRACKING_URI"]
+    assert cfg.orchestration.k8s.image == cluster_env["FLYWHEEL_IMAGE"]
+    assert cfg.sandbox.image == cluster_env["FLYWHEEL_SANDBOX_IMAGE"]
+
+
+def test_an_unset_variable_names_the_profile_field_and_variable(cluster_env, monkeypatch):
+    monkeypatch.delenv("FLYWHEEL_ARTIFACT_ROOT")
+    with pytest.raises(ConfigError) as err:
+        load_profile("cluster")
+    message = str(err.value)
+    assert "cluster.yaml" in message and "storage.root" in message and "FLYWHEEL_ARTIFACT_ROOT" in message
+
+
+def test_references_take_defaults_and_sit_inside_longer_values(monkeypatch):
+    monkeypatch.delenv("FLYWHEEL_TEST_BUCKET", raising=False)
+    monkeypatch.setenv("FLYWHEEL_TEST_PREFIX", "run7")
+    cfg = load_profile("micro", {"storage.root": "s3://${FLYWHEEL_TEST_BUCKET:-fallback}/${FLYWHEEL_TEST_PREFIX}/x"})
+    assert cfg.storage.root == "s3://fallback/run7/x"
+    monkeypatch.setenv("FLYWHEEL_TEST_BUCKET", "")  # set but empty: the default applies, as in a shell's ${VAR:-default}
+    assert load_profile("micro", {"storage.root": "${FLYWHEEL_TEST_BUCKET:-b}"}).storage.root == "b"
+    monkeypatch.setenv("FLYWHEEL_TEST_BUCKET", "real")
+    assert load_profile("micro", {"storage.root": "${FLYWHEEL_TEST_BUCKET:-b}"}).storage.root == "real"
+
+
+def test_every_variable_the_cluster_profile_reads_is_documented():
+    from configs import PROFILE_DIR, env_references
+
+    text = (PROFILE_DIR / "cluster.yaml").read_text()
+    names = {name for name, _ in env_references(text)}
+    assert {"FLYWHEEL_ARTIFACT_ROOT", "FLYWHEEL_IMAGE", "FLYWHEEL_TRAINER_IMAGE", "FLYWHEEL_SANDBOX_IMAGE", "MLFLOW_TRACKING_URI"} <= names
+    guide = (PROFILE_DIR.parent / "docs" / "deploy.md").read_text()
+    assert not [name for name in names if f"`{name}`" not in guide], "docs/deploy.md must list every variable configs/cluster.yaml reads"

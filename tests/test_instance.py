@@ -19,7 +19,7 @@ from pipelines.instance import LOCAL_SETTINGS, cluster_settings, instance_yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_path, monkeypatch):
+def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_path, monkeypatch, cluster_env):
     printed = subprocess.run([sys.executable, "-m", "pipelines.instance", "--profile", "cluster", "--set", "orchestration.k8s.gpu_pool_limit=2"],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert printed.returncode == 0, printed.stderr
@@ -44,13 +44,13 @@ def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_pat
     assert config["run_monitoring"]["enabled"] and config["run_retries"]["max_retries"] == 1
 
 
-def test_local_profiles_keep_the_sqlite_instance():
+def test_local_profiles_keep_the_sqlite_instance(cluster_env):
     assert instance_yaml(load_profile("tiny", {})) == LOCAL_SETTINGS
     local = yaml.safe_load(LOCAL_SETTINGS)
     assert "storage" not in local and local["run_monitoring"] == cluster_settings(load_profile("cluster", {}))["run_monitoring"]
 
 
-def test_a_bad_override_names_the_field():
+def test_a_bad_override_names_the_field(cluster_env):
     printed = subprocess.run([sys.executable, "-m", "pipelines.instance", "--profile", "cluster", "--set", "orchestration.k8s.gpu_pool_limit=0"],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert printed.returncode == 2 and "orchestration.k8s.gpu_pool_limit" in printed.stderr and not printed.stdout

@@ -13,6 +13,7 @@ from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 
 from pipelines.definitions import build_definitions
+from tests.conftest import CLUSTER_ENV
 
 # sft_checkpoint's GPU work runs in the pod its Pipes launcher creates (orchestration.sft_launcher: k8s)
 GPU_STEPS = {"rl_round", "sft_benchmark_scores", "benchmark_scores"}
@@ -29,6 +30,8 @@ RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagste
 def cluster(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYWHEEL_HOME", str(tmp_path_factory.mktemp("cluster")))
+        for name, value in CLUSTER_ENV.items():
+            mp.setenv(name, value)
         defs = build_definitions("cluster", {})
     return defs
 
@@ -50,7 +53,8 @@ def pod_spec(executor_config: dict, op: str):
                                          run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["step_k8s_config"]))
     context = executor_level.merge(
         K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["per_step_k8s_config"].get(op, {}))))
-    job_config = context.get_k8s_job_config("registry.example/flywheel:test", RUN_LAUNCHER)
+    # The executor's job_image when the profile sets one (K8sStepHandler._get_image), else the run's image.
+    job_config = context.get_k8s_job_config(executor_config.get("job_image") or "registry.example/flywheel:test", RUN_LAUNCHER)
     return construct_dagster_k8s_job(job_config, ["dagster", "api", "execute_step"], f"dagster-step-{op.replace('_', '-')}",
                                      user_defined_k8s_config=context.run_k8s_config, pod_name=f"dagster-step-{op.replace('_', '-')}",
                                      component="step_worker", labels={"dagster/op": op})
@@ -68,7 +72,10 @@ def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
     ops = {node.name for job in ("foundation", "rl_round_job") for node in cluster.resolve_job_def(job).graph.node_dict.values()}
     assert GPU_STEPS <= ops
     for op in sorted(ops):
-        spec = pod_spec(config, op).spec.template.spec
+        job = pod_spec(config, op)
+        # the cluster autoscaler must not evict a running step when it consolidates nodes
+        assert job.spec.template.metadata.annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false", op
+        spec = job.spec.template.spec
         container = spec.containers[0]
         limits, requests = container.resources.limits or {}, container.resources.requests or {}
         tolerated = {t.key for t in spec.tolerations or []}
@@ -79,12 +86,13 @@ def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
         else:
             assert "nvidia.com/gpu" not in limits and not spec.node_selector and "nvidia.com/gpu" not in tolerated, op
             assert requests["cpu"] == "1"
-        assert container.image == "registry.example/flywheel:test"
+        # the images the infra layer's ECR repositories hold (configs/cluster.yaml reads them from flywheel-env)
+        assert container.image == CLUSTER_ENV["FLYWHEEL_TRAINER_IMAGE" if op in GPU_STEPS else "FLYWHEEL_IMAGE"], op
         assert [e.secret_ref.name for e in container.env_from or [] if e.secret_ref] == ["flywheel-env"]
         assert spec.service_account_name == "flywheel-runner"
 
 
-def test_gpu_count_and_node_group_come_from_the_profile(tmp_path, monkeypatch):
+def test_gpu_count_and_node_group_come_from_the_profile(tmp_path, monkeypatch, cluster_env):
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
     defs = build_definitions("cluster", {"orchestration.k8s.gpus_per_step": 4, "orchestration.k8s.gpu_node_selector": {"pool": "a100"}})
     spec = pod_spec(cluster_executor_config(defs), "rl_round").spec.template.spec
@@ -109,7 +117,7 @@ def test_sft_is_launched_in_its_own_gpu_pod_through_pipes(cluster):
     assert [(e.name, e.value) for e in container.env] == [("DAGSTER_PIPES_CONTEXT", "x")]  # how the job finds its context
 
 
-def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch):
+def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch, cluster_env):
     """The CUDA/vLLM/DeepSpeed image (docker/trainer.Dockerfile) only where a GPU is; the other
     steps keep the user-code image (docker/dagster.Dockerfile)."""
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
@@ -118,5 +126,5 @@ def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch):
     config = cluster_executor_config(defs)
     assert pod_spec(config, "rl_round").spec.template.spec.containers[0].image == trainer
     assert pod_spec(config, "benchmark_scores").spec.template.spec.containers[0].image == trainer
-    assert pod_spec(config, "training_tasks").spec.template.spec.containers[0].image == "registry.example/flywheel:test"
+    assert pod_spec(config, "training_tasks").spec.template.spec.containers[0].image == cluster_env["FLYWHEEL_IMAGE"]
     assert defs.resources["launcher"].image == trainer

@@ -269,7 +269,8 @@ def check_db_ingress_only_from_security_groups(modules: Modules) -> None:
         assert rule.get("ip_protocol") == "tcp", name
         assert rule.get("referenced_security_group_id"), f"{name}: no source security group"
         assert not {"cidr_ipv4", "cidr_ipv6", "prefix_list_id", "cidr_blocks"} & set(rule), f"{name}: address-range ingress"
-        assert rule.get("for_each") == "${toset(var.allowed_security_group_ids)}", name
+        # keys known at plan time (positions), values the security groups, which may be unknown until apply
+        assert rule.get("for_each") == '${{for i, id in var.allowed_security_group_ids : "source-${i}" => id}}', name
     db = one_resource(database, "aws_db_instance")
     assert db.get("vpc_security_group_ids") == ["${aws_security_group.this.id}"]
     assert resolve(database, db.get("port")) == 5432

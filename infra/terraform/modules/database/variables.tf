@@ -190,9 +190,9 @@ variable "performance_insights_retention_period" {
 }
 
 variable "log_retention_in_days" {
-  description = "Retention of the exported postgresql and upgrade logs in CloudWatch Logs (RDS would otherwise create the log groups with no expiry)."
+  description = "Retention of the exported postgresql and upgrade logs in CloudWatch Logs (RDS would otherwise create the log groups with no expiry). The connection log is an audit trail, so the default keeps a year, as the VPC flow logs do; shorter values are for throwaway environments."
   type        = number
-  default     = 30
+  default     = 365
 
   validation {
     condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_in_days)

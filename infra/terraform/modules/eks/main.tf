@@ -8,7 +8,14 @@ data "aws_region" "current" {}
 
 data "aws_caller_identity" "current" {}
 
+# The caller's provider-level default_tags. They reach the resources Terraform creates, but not
+# the instances and volumes the node groups launch: those get their tags from the launch
+# templates' tag specifications, so that cost reports see the GPU nodes under the project's tags.
+data "aws_default_tags" "current" {}
+
 locals {
+  node_tags = merge(data.aws_default_tags.current.tags, var.tags)
+
   control_plane_log_types = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 
   # EKS writes control plane logs to this fixed name; creating the group first is the only way
@@ -26,9 +33,10 @@ locals {
   # allocatable GPUs from, so it would never pick this group for a pending GPU pod. These
   # tags describe the node it would get; they must mirror the group's labels and taint below.
   gpu_node_template_tags = {
-    "k8s.io/cluster-autoscaler/node-template/label/flywheel/node-pool" = "gpu"
-    "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"     = "present:NoSchedule"
-    "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu" = tostring(var.gpus_per_node)
+    "k8s.io/cluster-autoscaler/node-template/label/flywheel/node-pool"            = "gpu"
+    "k8s.io/cluster-autoscaler/node-template/label/k8s.amazonaws.com/accelerator" = var.gpu_accelerator
+    "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"                = "present:NoSchedule"
+    "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"            = tostring(var.gpus_per_node)
   }
 
   # Node group tags stay on the EKS node group object and are not copied to its Auto Scaling
@@ -68,6 +76,7 @@ resource "aws_iam_role_policy_attachment" "cluster" {
 # Envelope encryption of Secrets: etcd holds the step pods' env secret (MLflow/S3/Postgres
 # settings), and with our own key access to it is auditable in CloudTrail and revocable.
 resource "aws_kms_key" "secrets" {
+  #checkov:skip=CKV2_AWS_64:The default key policy is intended here: the control plane uses the key through the cluster role's IAM policy (cluster_secrets_key below), which is what the default policy delegates to.
   description             = "EKS secrets envelope encryption for ${var.cluster_name}"
   enable_key_rotation     = true
   deletion_window_in_days = 30
@@ -96,6 +105,10 @@ resource "aws_iam_role_policy" "cluster_secrets_key" {
 }
 
 data "aws_iam_policy_document" "logs_key" {
+  # A key policy's Resource can only be "*", which means the key the policy is attached to.
+  #checkov:skip=CKV_AWS_109:This is a KMS key policy, where Resource "*" is the key itself, and kms:* for the account root is AWS's default administration statement that delegates to IAM.
+  #checkov:skip=CKV_AWS_111:This is a KMS key policy, where Resource "*" is the key itself; the CloudWatch Logs statement is further limited to this one log group by its encryption-context condition.
+  #checkov:skip=CKV_AWS_356:This is a KMS key policy, where Resource "*" is the only value KMS accepts and means the key the policy is attached to, not every resource.
   # Without this statement the key would be usable by nobody in the account but the service.
   statement {
     sid       = "AccountAdministration"
@@ -181,6 +194,15 @@ resource "aws_eks_cluster" "this" {
     }
   }
 
+  # Access entries (below) instead of the aws-auth ConfigMap: who may use the API is then an AWS
+  # resource, planned and reviewed here, and a broken ConfigMap can no longer lock everyone out.
+  # The creator gets no invisible admin grant; admin_principal_arns is the whole list. EKS adds
+  # the entries of the managed node groups' role itself.
+  access_config {
+    authentication_mode                         = "API"
+    bootstrap_cluster_creator_admin_permissions = false
+  }
+
   tags = var.tags
 
   lifecycle {
@@ -203,20 +225,43 @@ resource "aws_eks_cluster" "this" {
   ]
 }
 
+# --- API access ----------------------------------------------------------------------------------
+# Cluster-admin for the people and pipelines that run Terraform: the platform layer's kubernetes
+# and helm providers authenticate as one of these principals.
+
+resource "aws_eks_access_entry" "admin" {
+  for_each = toset(var.admin_principal_arns)
+
+  cluster_name  = aws_eks_cluster.this.name
+  principal_arn = each.value
+  type          = "STANDARD"
+
+  tags = var.tags
+}
+
+resource "aws_eks_access_policy_association" "admin" {
+  for_each = toset(var.admin_principal_arns)
+
+  cluster_name  = aws_eks_cluster.this.name
+  principal_arn = aws_eks_access_entry.admin[each.key].principal_arn
+  policy_arn    = "arn:${data.aws_partition.current.partition}:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+
+  access_scope {
+    type = "cluster"
+  }
+}
+
 # --- IRSA ----------------------------------------------------------------------------------------
 # Lets service accounts (flywheel-runner: S3 only; cluster-autoscaler) assume their own IAM
 # roles instead of inheriting the node role.
 
-data "tls_certificate" "oidc" {
-  url = aws_eks_cluster.this.identity[0].oidc[0].issuer
-}
-
+# No thumbprint_list: IAM trusts the EKS issuers' certificates through its own library of root
+# CAs and ignores thumbprints for them, and the aws provider (checked on 5.100.0) makes the
+# argument optional, letting IAM fill it in. Computing one would need the hashicorp/tls provider
+# and a network fetch of the issuer's certificate chain at plan time, for nothing.
 resource "aws_iam_openid_connect_provider" "this" {
   url            = aws_eks_cluster.this.identity[0].oidc[0].issuer
   client_id_list = ["sts.amazonaws.com"]
-  # The chain's root CA. IAM no longer checks thumbprints for EKS issuers, but the 5.x
-  # provider still requires one.
-  thumbprint_list = [data.tls_certificate.oidc.certificates[0].sha1_fingerprint]
 
   tags = var.tags
 }
@@ -255,21 +300,26 @@ resource "aws_iam_role_policy_attachment" "node" {
 }
 
 # The launch templates set no AMI and no user data, so EKS still picks the optimized AMI of
-# the node group's ami_type and bootstraps it; they exist for the metadata and disk settings,
-# which a node group cannot set on its own. No security groups either: nodes then get the
-# cluster security group EKS manages, which already allows control plane <-> node traffic.
+# the node group's ami_type and writes the bootstrap itself (on AL2023, nodeadm's NodeConfig,
+# with the group's labels and taints); they exist for the metadata and disk settings, which a
+# node group cannot set on its own. User data added here later must be a MIME multi-part
+# NodeConfig document, not a bootstrap.sh call: AL2023 has no bootstrap.sh. No security groups
+# either: nodes then get the cluster security group EKS manages, which already allows control
+# plane <-> node traffic.
 resource "aws_launch_template" "cpu" {
   name_prefix            = "${var.cluster_name}-cpu-"
   description            = "cpu node group of ${var.cluster_name}"
   update_default_version = true
 
   # IMDSv2 only: a token is needed, so an SSRF in a pod cannot read the node role's
-  # credentials with a plain GET. Hop limit 2, not 1, because containers are one network hop
-  # behind the node and some system daemonsets still ask IMDS for the region and instance ID.
+  # credentials with a plain GET. Hop limit 1: a pod's traffic is one hop behind the node, so
+  # only host-network pods (aws-node, kube-proxy) reach IMDS at all, and no workload can borrow
+  # the node role (ENI management, ECR pulls). Pods that need AWS get an IRSA role, and the
+  # region from AWS_REGION (flywheel_env; the cluster autoscaler's awsRegion), not from IMDS.
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
-    http_put_response_hop_limit = 2
+    http_put_response_hop_limit = 1
   }
 
   block_device_mappings {
@@ -285,12 +335,12 @@ resource "aws_launch_template" "cpu" {
 
   tag_specifications {
     resource_type = "instance"
-    tags          = merge(var.tags, { Name = "${var.cluster_name}-cpu" })
+    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-cpu" })
   }
 
   tag_specifications {
     resource_type = "volume"
-    tags          = merge(var.tags, { Name = "${var.cluster_name}-cpu" })
+    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-cpu" })
   }
 
   tags = var.tags
@@ -309,7 +359,7 @@ resource "aws_launch_template" "gpu" {
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
-    http_put_response_hop_limit = 2
+    http_put_response_hop_limit = 1
   }
 
   block_device_mappings {
@@ -325,12 +375,12 @@ resource "aws_launch_template" "gpu" {
 
   tag_specifications {
     resource_type = "instance"
-    tags          = merge(var.tags, { Name = "${var.cluster_name}-gpu" })
+    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-gpu" })
   }
 
   tag_specifications {
     resource_type = "volume"
-    tags          = merge(var.tags, { Name = "${var.cluster_name}-gpu" })
+    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-gpu" })
   }
 
   tags = var.tags
@@ -349,8 +399,10 @@ resource "aws_eks_node_group" "cpu" {
   subnet_ids             = var.private_subnet_ids
   # Nodes follow the control plane in the same apply instead of staying on the version the
   # group was created with.
-  version        = aws_eks_cluster.this.version
-  ami_type       = "AL2_x86_64"
+  version = aws_eks_cluster.this.version
+  # Amazon Linux 2023: EKS publishes no Amazon Linux 2 AMIs for Kubernetes 1.33 and later, and
+  # ended their support on 26 November 2025.
+  ami_type       = "AL2023_x86_64_STANDARD"
   capacity_type  = "ON_DEMAND"
   instance_types = var.cpu_instance_types
 
@@ -393,9 +445,15 @@ resource "aws_eks_node_group" "gpu" {
   node_role_arn          = aws_iam_role.node.arn
   subnet_ids             = var.private_subnet_ids
   version                = aws_eks_cluster.this.version
-  # The EKS GPU AMI ships the NVIDIA driver and container toolkit; the NVIDIA device plugin
-  # (installed in-cluster, tolerating the taint below) then advertises nvidia.com/gpu.
-  ami_type       = "AL2_x86_64_GPU"
+  # The EKS AL2023 NVIDIA AMI ships the NVIDIA driver and container toolkit; the NVIDIA device
+  # plugin (installed in-cluster by the platform layer, tolerating the taint below) then
+  # advertises nvidia.com/gpu. Its driver is what the trainer image needs: docker/trainer.Dockerfile
+  # is CUDA 13.0, whose NVIDIA_REQUIRE_CUDA refuses drivers older than R580, and the AL2023
+  # accelerated AMIs carry the R580 driver (EKS user guide, "Use EKS-optimized accelerated AMIs
+  # for GPU instances": "currently include NVIDIA driver version 580"; rolled out to every
+  # Kubernetes version per awslabs/amazon-eks-ami#2470 and #2509). Check the AMI release notes
+  # before changing the trainer's CUDA major version.
+  ami_type       = "AL2023_x86_64_NVIDIA"
   capacity_type  = var.gpu_capacity_type
   instance_types = var.gpu_instance_types
 
@@ -418,8 +476,12 @@ resource "aws_eks_node_group" "gpu" {
   # The app's GPU steps select these nodes with orchestration.k8s.gpu_node_selector and
   # tolerate the taint with orchestration.k8s.gpu_tolerations (configs/schema.py K8sConfig);
   # the taint keeps every other pod off the expensive nodes so they can scale back to zero.
+  # k8s.amazonaws.com/accelerator is the label the cluster autoscaler's AWS provider reads to know
+  # a node is a GPU node: on a new node whose device plugin has not yet advertised nvidia.com/gpu
+  # it then waits, instead of adding a second node for the same pending pod.
   labels = {
-    "flywheel/node-pool" = "gpu"
+    "flywheel/node-pool"            = "gpu"
+    "k8s.amazonaws.com/accelerator" = var.gpu_accelerator
   }
 
   taint {

@@ -11,16 +11,17 @@ variable "cluster_name" {
 }
 
 variable "kubernetes_version" {
-  description = "Kubernetes minor version of the control plane and node groups, e.g. \"1.31\". Pinned so that an upgrade is a reviewed change: EKS upgrades one minor at a time and cannot be rolled back."
+  description = "Kubernetes minor version of the control plane and node groups, e.g. \"1.35\". Pinned so that an upgrade is a reviewed change: EKS upgrades one minor at a time and cannot be rolled back."
   type        = string
-  default     = "1.31"
+  default     = "1.35"
 
   validation {
-    # The upper bound is not arbitrary: both node groups use Amazon Linux 2 AMI types
-    # (AL2_x86_64_GPU carries the NVIDIA driver), and EKS publishes no AL2 AMIs past 1.32.
-    # Going further means moving the node groups to AL2023 AMI types first.
-    condition     = can(regex("^1\\.(29|3[0-2])$", var.kubernetes_version))
-    error_message = "kubernetes_version must be a minor version from \"1.29\" to \"1.32\" (the last one with Amazon Linux 2 EKS AMIs)."
+    # The floor: 1.33 and older are past EKS standard support (1.33's ended on 29 July 2026;
+    # 1.34's ends on 2 December 2026, 1.35's on 27 March 2027), and a cluster left there pays
+    # extended-support fees per hour. No ceiling: a minor EKS does not offer yet is refused by
+    # the API at apply, and a ceiling here would only go stale.
+    condition     = can(regex("^1\\.(3[4-9]|[4-9][0-9])$", var.kubernetes_version))
+    error_message = "kubernetes_version must be a Kubernetes minor version such as \"1.35\", 1.34 or later."
   }
 }
 
@@ -122,6 +123,17 @@ variable "gpu_instance_types" {
   }
 }
 
+variable "gpu_accelerator" {
+  description = "Value of the GPU nodes' k8s.amazonaws.com/accelerator label (the cluster autoscaler only checks it is there; name the GPU of gpu_instance_types, e.g. nvidia-a10g for g5, nvidia-l40s for g6e, nvidia-a100 for p4d/p4de)."
+  type        = string
+  default     = "nvidia-a10g"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$", var.gpu_accelerator))
+    error_message = "gpu_accelerator must be a Kubernetes label value: lowercase letters, digits, '-' and '.', at most 63 characters."
+  }
+}
+
 variable "gpu_max_nodes" {
   description = "Maximum size of the gpu node group, which scales from zero. Keep it in step with orchestration.k8s.gpu_pool_limit (configs/schema.py), the number of GPU steps the app runs at once."
   type        = number
@@ -164,6 +176,28 @@ variable "gpu_capacity_type" {
   validation {
     condition     = contains(["ON_DEMAND", "SPOT"], var.gpu_capacity_type)
     error_message = "gpu_capacity_type must be ON_DEMAND or SPOT."
+  }
+}
+
+variable "admin_principal_arns" {
+  description = "IAM roles or users given cluster-admin on the Kubernetes API (an EKS access entry with AmazonEKSClusterAdminPolicy each): whoever runs Terraform, the platform layer's CI role, operators. Use the role ARN (arn:aws:iam::<account>:role/<name>), not the sts assumed-role ARN of a session."
+  type        = list(string)
+
+  validation {
+    # No bootstrap admin exists (bootstrap_cluster_creator_admin_permissions = false): an empty
+    # list would leave a cluster nobody can reach.
+    condition     = length(var.admin_principal_arns) >= 1
+    error_message = "admin_principal_arns needs at least one principal, or nobody can use the cluster's API."
+  }
+
+  validation {
+    condition     = alltrue([for arn in var.admin_principal_arns : can(regex("^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+$", arn))])
+    error_message = "admin_principal_arns must hold IAM role or user ARNs (arn:aws:iam::<account>:role/<name>); for an assumed-role session (arn:aws:sts::...:assumed-role/<name>/<session>) give the role's ARN."
+  }
+
+  validation {
+    condition     = length(distinct(var.admin_principal_arns)) == length(var.admin_principal_arns)
+    error_message = "admin_principal_arns must not repeat a principal."
   }
 }
 

@@ -7,10 +7,5 @@ terraform {
       source  = "hashicorp/aws"
       version = "~> 5.0"
     }
-    # Only for reading the OIDC issuer's certificate chain (the IRSA provider's thumbprint).
-    tls = {
-      source  = "hashicorp/tls"
-      version = "~> 4.0"
-    }
   }
 }
