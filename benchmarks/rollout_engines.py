@@ -1,6 +1,6 @@
 """Rollout throughput of each engine: pure generation vs the agent loop with tools, side by side.
 
-    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm,vllm-per-turn] [--replay-tools]
+    .venv/bin/python benchmarks/rollout_engines.py --home /tmp/rollout-bench [--sizes tiny,20m] [--engines hf,vllm,vllm-per-turn] [--tool-cores 0,1] [--replay-tools]
 
 For each model size and engine, in one process and alternating:
   (2) agentic rollout: the batch's prompts through `run_episodes` with the real tools (bubblewrap
@@ -14,6 +14,8 @@ loop, turns and observation prefill without the tools' own CPU, which on a 2-cor
 competes with the engine's threads. (2)/(1) vs (2')/(1) splits the overhead between the two. Engine start-up (HF: model load; vLLM: `LLM(...)`) and one vLLM
 weight sync are timed too. The models are warm-started (short SFT on teacher trajectories,
 training/warm_start.py) so they call tools; the tool-call rate is reported next to each figure.
+With --tool-cores 0,1 each vLLM engine's agent loop runs both without and with a core kept for the
+tool processes (rollout.tool_cores); pure generation always uses every core.
 Writes benchmarks/results/rollout-engines.{json,md} (rollout-engines-replay.{json,md} with --replay-tools).
 """
 
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=32, help="tasks per batch (an RL step's prompts)")
     parser.add_argument("--group", type=int, default=8, help="samples per task; batch = prompts x group")
     parser.add_argument("--repeats", type=int, default=5, help="measured repeats per mode, after one warm-up")
+    parser.add_argument("--tool-cores", default="0", help="rollout.tool_cores settings to run the agent loop with, e.g. 0,1 "
+                        "(pure generation always runs on every core: the engine at its best without tools)")
     parser.add_argument("--replay-tools", action="store_true", help="also run each repeat's episodes with tool results replayed (no tool CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
@@ -135,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             batch = [t for i in range(args.prompts) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]]
             prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in batch for _ in range(args.group)]
             sampling = Sampling.of(cfg.rollout)
-            for kind in args.engines.split(","):
+            # A core kept for tools only helps a schedule that generates while tools run (vLLM's); HF's
+            # turn-by-turn schedule would leave it idle during generation, so HF runs on every core.
+            runs = [(k, int(c)) for k in args.engines.split(",") for c in (args.tool_cores.split(",") if k != "hf" else ["0"])]
+            for kind, tool_cores in runs:
+                run_cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"tool_cores": tool_cores})})
                 start = time.perf_counter()
                 if kind == "hf":
                     from training.model import load_policy
@@ -150,19 +158,19 @@ def main(argv: list[str] | None = None) -> int:
                 for repeat in range(args.repeats + 1):  # the first of each is a warm-up, not measured
                     for tool in tools.values():
                         tool.replaying, tool.results, tool.misses = False, {}, 0
-                    agent = agentic(engine, tok, batch, args.group, tools, cfg, seed=repeat)
+                    agent = agentic(engine, tok, batch, args.group, tools, run_cfg, seed=repeat)
                     pure = pure_generation(engine, prompts, agent[4], sampling, seed=repeat)
                     replayed = None
                     if args.replay_tools:
                         for tool in tools.values():
                             tool.replaying = True
-                        replayed = agentic(engine, tok, batch, args.group, tools, cfg, seed=repeat)
+                        replayed = agentic(engine, tok, batch, args.group, tools, run_cfg, seed=repeat)
                     if repeat:
                         pure_runs.append(pure)
                         agent_runs.append(agent[:4])
                         if replayed:
                             replay_runs.append(replayed[:2])
-                    print(f"[bench] {size} {kind} #{repeat}: agentic {agent[0]} tok in {agent[1]:.2f}s; pure {pure[0]} tok in {pure[1]:.2f}s "
+                    print(f"[bench] {size} {kind} tool_cores={tool_cores} #{repeat}: agentic {agent[0]} tok in {agent[1]:.2f}s; pure {pure[0]} tok in {pure[1]:.2f}s "
                           f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)"
                           + (f"; tools replayed: {replayed[0]} tok in {replayed[1]:.2f}s, {sum(t.misses for t in tools.values())} calls not in the record"
                              if replayed else ""), flush=True)
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 pure_tps = statistics.median(t / s for t, s in pure_runs)
                 agent_tps = statistics.median(t / s for t, s, _, _ in agent_runs)
                 rows.append({
-                    "size": size, "engine": kind, "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+                    "size": size, "engine": kind, "tool_cores": tool_cores, "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
                     "episodes": len(prompts), "startup_s": round(startup, 2), "weight_sync_s": round(sync_s, 4),
                     "pure_tokens_per_s": round(pure_tps, 1), "agentic_tokens_per_s": round(agent_tps, 1), "ratio": round(agent_tps / pure_tps, 3),
                     "tool_call_rate": round(statistics.median(r[2] for r in agent_runs), 3),
@@ -181,16 +189,16 @@ def main(argv: list[str] | None = None) -> int:
                     replay_tps = statistics.median(t / s for t, s in replay_runs)
                     rows[-1] |= {"replayed_tools_tokens_per_s": round(replay_tps, 1), "replayed_ratio": round(replay_tps / pure_tps, 3),
                                  "replayed_runs": replay_runs}
-                print(f"[bench] {size} {kind}: ratio {rows[-1]['ratio']}" + (f", with tools replayed {rows[-1]['replayed_ratio']}" if replay_runs else ""), flush=True)
+                print(f"[bench] {size} {kind} tool_cores={tool_cores}: ratio {rows[-1]['ratio']}" + (f", with tools replayed {rows[-1]['replayed_ratio']}" if replay_runs else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     replay = args.replay_tools
     name = "rollout-engines-replay" if replay else "rollout-engines"
     (args.out / f"{name}.json").write_text(json.dumps({"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]),
                                                                "rows": rows}, indent=1))
-    header = "| size | params (M) | engine | start-up (s) | weight sync (s) | pure gen tok/s | agentic tok/s | agentic / pure | episodes with a tool call |"
-    lines = [header + (" tools replayed: agentic / pure |" if replay else ""), "|---" * (10 if replay else 9) + "|"]
+    header = "| size | params (M) | engine | tool cores | start-up (s) | weight sync (s) | pure gen tok/s | agentic tok/s | agentic / pure | episodes with a tool call |"
+    lines = [header + (" tools replayed: agentic / pure |" if replay else ""), "|---" * (11 if replay else 10) + "|"]
     for r in rows:
-        lines.append(f"| {r['size']} | {r['parameters_m']} | {r['engine']} | {r['startup_s']} | {r['weight_sync_s']} | {r['pure_tokens_per_s']} | "
+        lines.append(f"| {r['size']} | {r['parameters_m']} | {r['engine']} | {r['tool_cores']} | {r['startup_s']} | {r['weight_sync_s']} | {r['pure_tokens_per_s']} | "
                      f"{r['agentic_tokens_per_s']} | **{r['ratio']}** | {r['tool_call_rate']:.0%} |" + (f" {r['replayed_ratio']} |" if replay else ""))
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

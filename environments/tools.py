@@ -54,6 +54,12 @@ class CodeInterpreter:
         self.sandbox = sandbox
         self.max_chars = max_chars
 
+    def set_cpus(self, cpus: set[int] | None) -> None:
+        """Where the code runs (a sandbox that cannot be placed, e.g. Docker's, ignores it)."""
+        place = getattr(self.sandbox, "set_cpus", None)
+        if place is not None:
+            place(cpus)
+
     def call_many(self, codes: list[str]) -> list[ToolResult]:
         """Run a batch of calls concurrently (the sandbox pools workers); order preserved."""
         if not codes:

@@ -1,6 +1,7 @@
 """Rollout engines (HF and vLLM's CPU build) behind one agent loop: token exactness per engine and
 task family, sampling parameters, weight sync, the loop's batching and tool concurrency."""
 
+import os
 import threading
 
 import pandas as pd
@@ -311,14 +312,14 @@ def test_vllm_fails_clearly_when_no_turn_can_be_scheduled(warm_policy, micro_cfg
     """Steps that yield nothing while turns are in flight (sessions holding the whole KV cache)
     must end the rollout with the settings to change, not spin forever."""
     monkeypatch.setattr(vllm_engine.llm.llm_engine, "step", lambda: [])
-    vllm_engine._running["stuck"] = Generation([], [])
+    vllm_engine._running["stuck"] = 0
     try:
         with pytest.raises(RuntimeError, match="kv_cache_memory_mb.*max_batch_size.*sessions"):
             while True:
                 vllm_engine.poll()
     finally:
         vllm_engine._running.clear()
-        vllm_engine._idle_steps = 0
+        vllm_engine._idle_steps, vllm_engine._progress_mark = 0, -1
 
 
 class BarrierTool:
@@ -376,6 +377,44 @@ def test_tool_batches_of_one_turn_run_concurrently_and_a_crashing_tool_becomes_a
     episodes = run_episodes(ScriptedEngine(tok, tasks), tok, tasks[:1], group_size=2, tools={"code": Crashing()}, cfg=micro_cfg.rollout)
     assert [e.tool_calls[0]["error"] for e in episodes] == ["tool_exception"] * 2
     assert all(e.stop_reason == "answer" for e in episodes)  # the episode went on after the error observation
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing tools on their own core needs two CPUs")
+def test_tool_cores_run_the_code_on_their_own_cores_during_a_rollout_and_restore_after(warm_policy, micro_cfg, sandbox):
+    """rollout.tool_cores: the engine's thread and torch's threads on the first CPUs, the sandbox's
+    workers (and the code they fork) on the last ones, for the rollout only."""
+    from environments.tools import CodeInterpreter
+    from training.rollout import split_cores
+
+    cpus = sorted(os.sched_getaffinity(0))
+    code = CodeInterpreter(sandbox)
+    where = "import os; print(sorted(os.sched_getaffinity(0)))"
+    threads = torch.get_num_threads()
+    with split_cores(1, {"code": code}):
+        assert code.call_many([where])[0].observation == f"{cpus[-1:]}\n"
+        assert sorted(os.sched_getaffinity(0)) == cpus[:-1] and torch.get_num_threads() == len(cpus) - 1
+    assert code.call_many([where])[0].observation == f"{cpus}\n"
+    assert sorted(os.sched_getaffinity(0)) == cpus and torch.get_num_threads() == threads
+
+    # through the agent loop: the engine generates on the engine's cores, the code runs
+    seen = []
+
+    class Placed(ScriptedEngine):
+        def generate(self, sequences, budgets, **kwargs):
+            seen.append((sorted(os.sched_getaffinity(0)), torch.get_num_threads()))
+            return super().generate(sequences, budgets, **kwargs)
+
+    tok, tasks = warm_policy.tokenizer, tasks_of(warm_policy, "arithmetic", 2)
+    episodes = run_episodes(Placed(tok, tasks), tok, tasks, group_size=2, tools={"code": code},
+                            cfg=micro_cfg.rollout.model_copy(update={"tool_cores": 1}))
+    assert [c["result"] for e in episodes for c in e.tool_calls] == ["1\n"] * 4
+    assert seen == [(cpus[:-1], len(cpus) - 1)] * 2  # the call turn and the answer turn
+    assert sorted(os.sched_getaffinity(0)) == cpus and torch.get_num_threads() == threads
+
+    with pytest.raises(ValueError, match=f"rollout.tool_cores={len(cpus)} leaves no core for the engine"):
+        with split_cores(len(cpus), {"code": code}):
+            pass
+    assert sorted(os.sched_getaffinity(0)) == cpus
 
 
 # --------------------------------------------------------------------------- in an RL round

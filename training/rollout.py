@@ -12,8 +12,10 @@ and for logs), never the other way round.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -110,13 +112,48 @@ def run_episodes(
         for t in tasks
         for k in range(group_size)
     ]
-    with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="tools") as pool:
+    with split_cores(cfg.tool_cores, tools) as tool_cpus, tool_threads(cfg.tool_workers, "tools", tool_cpus) as pool:
         if getattr(engine, "continuous", False):
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
-            loop.continuous(engine, episodes, pool, base_seed=int(torch.randint(0, 2**30, (1,), generator=gen)))
+            loop.continuous(engine, episodes, pool, base_seed=int(torch.randint(0, 2**30, (1,), generator=gen)), tool_cpus=tool_cpus)
         else:
             loop.turn_by_turn(engine, episodes, pool, generator)
     return episodes
+
+
+def tool_threads(workers: int, name: str, cpus: set[int] | None) -> ThreadPoolExecutor:
+    """Threads that run tool calls, on `cpus` when the rollout keeps cores for tools."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name,
+                              initializer=os.sched_setaffinity if cpus else None, initargs=(0, cpus) if cpus else ())
+
+
+@contextlib.contextmanager
+def split_cores(tool_cores: int, tools: Mapping[str, Tool]) -> Iterator[set[int] | None]:
+    """For the block, run this thread (the engine's driver) and torch's intra-op threads on all but
+    the last `tool_cores` of this process's CPUs, and the tools that can be placed (the sandbox)
+    on those; yields those tool CPUs (None without placement) for the tool threads. On a small CPU
+    machine a forked code run otherwise preempts one of the engine's OpenMP threads and every
+    parallel region of the step waits for it (docs/rollout.md). All is restored after."""
+    if not tool_cores:
+        yield None
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if tool_cores >= len(cpus):
+        raise ValueError(f"rollout.tool_cores={tool_cores} leaves no core for the engine: this process may use {len(cpus)} CPUs {cpus}")
+    engine_cpus, tool_cpus = set(cpus[:-tool_cores]), set(cpus[-tool_cores:])
+    placeable = [tool for tool in tools.values() if hasattr(tool, "set_cpus")]
+    threads = torch.get_num_threads()
+    os.sched_setaffinity(0, engine_cpus)
+    torch.set_num_threads(len(engine_cpus))
+    try:
+        for tool in placeable:
+            tool.set_cpus(tool_cpus)
+        yield tool_cpus
+    finally:
+        for tool in placeable:
+            tool.set_cpus(None)
+        os.sched_setaffinity(0, set(cpus))
+        torch.set_num_threads(threads)
 
 
 class _Loop:
@@ -173,7 +210,7 @@ class _Loop:
                 self.record_observation(episode, name, args, result)
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
-    def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, base_seed: int) -> None:
+    def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, base_seed: int, tool_cpus: set[int] | None = None) -> None:
         """Each turn is its own engine request (on vLLM, a chunk of the episode's session, so its
         KV cache stays put between turns). Turns that end on a tool call in the same engine step go
         to the tools as one batch on a dispatcher thread; when it returns, those episodes' next
@@ -203,7 +240,7 @@ class _Loop:
             return 1
 
         try:
-            with ThreadPoolExecutor(max_workers=self.cfg.tool_workers, thread_name_prefix="tool-batches") as dispatcher:
+            with tool_threads(self.cfg.tool_workers, "tool-batches", tool_cpus) as dispatcher:
                 while waiting or live:
                     while waiting and live < limit:
                         live += submit(waiting.popleft())

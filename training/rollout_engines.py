@@ -246,9 +246,11 @@ class VLLMEngine:
         torch.set_num_threads = set_num_threads  # later assets in this process still set their own thread count
         from vllm.sampling_params import RequestOutputKind
 
-        self._delta = RequestOutputKind.DELTA
-        self._running: dict[str, Generation] = {}  # turns in flight, filled as tokens arrive
+        self._final_only = RequestOutputKind.FINAL_ONLY
+        self._running: dict[str, int] = {}  # turns in flight -> the request's output tokens before the turn
         self._sessions: dict[str, list[int]] = {}  # episode -> the ids its session has seen (input and sampled)
+        self._sampled: dict[str, int] = {}  # episode -> output tokens of its session's finished turns
+        self._progress_mark = -1
         self._param_templates: dict[tuple, object] = {}
         self._idle_steps = 0
         self.sessions = cfg.vllm.sessions
@@ -325,7 +327,10 @@ class VLLMEngine:
         if key in self._running:
             raise RuntimeError(f"episode {key!r} already has a turn in flight")
         params = self._params(budget, stop_ids, sampling, seed)
-        params.output_kind = self._delta  # one step's new tokens per output: a session's turns never mix
+        # One output per turn, when it ends: per-step outputs for every running turn cost vLLM and
+        # this loop ~10% of a small model's rollout time. A session's output is cumulative over its
+        # turns; `_running` keeps where this turn starts.
+        params.output_kind = self._final_only
         if not self.sessions:
             self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(sequence)), params)
         else:
@@ -339,7 +344,7 @@ class VLLMEngine:
                 new = list(sequence[len(context) - 1:])
             self._add_session_chunk(key, new, params)
             self._sessions[key] = list(sequence)
-        self._running[key] = Generation([], [])
+        self._running[key] = self._sampled.get(key, 0)
 
     def _add_session_chunk(self, key: str, ids: list[int], params) -> None:
         # What LLMEngine.add_request does, plus `resumable` (only AsyncLLM exposes streaming input)
@@ -358,30 +363,41 @@ class VLLMEngine:
 
     def end(self, key: str) -> None:
         """The episode is over: free the KV cache its session holds."""
+        self._sampled.pop(key, None)
         if self._sessions.pop(key, None) is not None:
             self.llm.llm_engine.abort_request([key])
 
     def poll(self) -> list[tuple[str, Generation]]:
         """One engine step; the turns that finished in it."""
         done, outputs = [], self.llm.llm_engine.step()
-        self._idle_steps = 0 if outputs else self._idle_steps + 1
-        if self._idle_steps > STALLED_STEPS:
-            # Every scheduled request yields a token per step, so steps with turns in flight and no
-            # output mean none can be scheduled: the KV cache is held by sessions waiting on tools.
+        if outputs:
+            self._idle_steps, self._progress_mark = 0, -1
+        else:
+            self._idle_steps += 1
+            if self._idle_steps > STALLED_STEPS:
+                self._check_progress()
+        for out in outputs:  # a session's turn ends (finish_reason set) without its request finishing
+            step, start = out.outputs[0], self._running.pop(out.request_id)
+            ids = list(step.token_ids[start:])
+            done.append((out.request_id, Generation(ids, [float(lp[t].logprob) for lp, t in zip(step.logprobs[start:], ids)])))
+            if out.request_id in self._sessions:
+                self._sessions[out.request_id] += ids
+                self._sampled[out.request_id] = len(step.token_ids)
+        return done
+
+    def _check_progress(self) -> None:
+        """Called every STALLED_STEPS steps without a finished turn. Every scheduled request samples a
+        token per step, so no new token since the last check means none can be scheduled: the KV
+        cache is held by sessions waiting on their tools."""
+        processor = self.llm.llm_engine.output_processor
+        sampled = sum(processor.request_states[i].detokenizer.num_output_tokens()
+                      for key in self._running for i in processor.external_req_ids.get(key, ()) if i in processor.request_states)
+        if sampled == self._progress_mark:
             raise RuntimeError(
                 f"vLLM made no progress in {STALLED_STEPS} steps with {len(self._running)} turns in flight and {len(self._sessions)} "
                 f"open sessions: the KV cache is full. Raise rollout.vllm.kv_cache_memory_mb (now {self.cfg.vllm.kv_cache_memory_mb}), "
                 f"lower rollout.max_batch_size (now {self.cfg.max_batch_size}), or set rollout.vllm.sessions: false")
-        for out in outputs:
-            turn = self._running[out.request_id]
-            step = out.outputs[0]
-            turn.ids += step.token_ids
-            turn.logprobs += [float(lp[t].logprob) for lp, t in zip(step.logprobs, step.token_ids)]
-            if out.finished or step.finish_reason is not None:  # a session's turn ends without the request finishing
-                done.append((out.request_id, self._running.pop(out.request_id)))
-                if out.request_id in self._sessions:
-                    self._sessions[out.request_id] += turn.ids
-        return done
+        self._progress_mark, self._idle_steps = sampled, 0
 
     def busy(self) -> bool:
         return bool(self._running)

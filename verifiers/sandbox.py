@@ -444,6 +444,21 @@ class _WorkerDied(Exception):
     pass
 
 
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc/<pid>/task/<tid>/children."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
+    return tree
+
+
 class _Worker:
     """One bwrap'd worker process, spoken to over its stdin/stdout pipes."""
 
@@ -476,6 +491,17 @@ class _Worker:
             return _read_frame(self.proc.stdout.fileno(), time.monotonic() + reply_timeout_s)
         except (OSError, EOFError, TimeoutError, ValueError) as exc:
             raise _WorkerDied(repr(exc)) from exc
+
+    def pin(self, cpus: set[int]) -> None:
+        """Run bwrap, the worker and whatever it has forked on `cpus` (children forked later
+        inherit it). A process that exits meanwhile is skipped."""
+        if self.proc is None:
+            return
+        for pid in _process_tree(self.proc.pid):
+            try:
+                os.sched_setaffinity(pid, cpus)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -527,6 +553,8 @@ class BubblewrapSandbox:
         self._calls = ThreadPoolExecutor(pool_size, thread_name_prefix="sandbox-call")
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._closed = False
+        self._all_cpus = os.sched_getaffinity(0)
+        self._cpus: set[int] | None = None  # set_cpus; None: wherever the scheduler puts them
         try:
             for worker in self._workers:
                 self._spawner.submit(worker.start).result()
@@ -584,6 +612,18 @@ class BubblewrapSandbox:
     def _restart(self, worker: _Worker) -> None:
         worker.kill()
         self._spawner.submit(worker.start).result()
+        if self._cpus is not None:
+            worker.pin(self._cpus)
+
+    def set_cpus(self, cpus: set[int] | None) -> None:
+        """Run the workers, and the code they fork per call, on `cpus` only (None: every CPU
+        this process could use when the sandbox started). A rollout uses it to keep tool
+        processes off the cores its engine's threads run on (rollout.tool_cores)."""
+        if cpus is not None and not set(cpus) <= self._all_cpus:
+            raise ValueError(f"sandbox CPUs {sorted(cpus)} are not all available to this process ({sorted(self._all_cpus)})")
+        self._cpus = set(cpus) if cpus is not None else None
+        for worker in self._workers:
+            worker.pin(self._cpus or self._all_cpus)
 
     def run_many(self, codes: list[str]) -> list[SandboxResult]:
         return list(self._calls.map(self.run_python, codes))
