@@ -17,8 +17,12 @@ test: setup
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The UIs listen on this machine only: they have no login, and the Dagster UI can launch runs.
+# UI_HOST=0.0.0.0 exposes them to the network (put an authenticating proxy in front first).
+UI_HOST ?= 127.0.0.1
+
 dagster-ui: setup
-	DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster dev
+	DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster dev --host $(UI_HOST)
 
 # Re-score a stored round with a stricter verifier (docs/verifiers.md): make audit ROUND=2 [CONFIG='{"ops": ...}']
 ROUND ?= 1
@@ -38,7 +42,7 @@ rollback: setup
 	$(PY) -m pipelines.registry --profile $(PROFILE) rollback
 
 mlflow-ui: setup
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --port 5000
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --host $(UI_HOST) --port 5000
 
 clean:
 	rm -rf $(FLYWHEEL_HOME)

@@ -9,13 +9,14 @@ message, the history as a custom message, and the checkpoint as the asset's mate
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 
-import fsspec
 import pandas as pd
 from dagster_pipes import PipesContext, open_dagster_pipes
 
+from assets.artifacts import exists, read_verified_bytes
 from assets.resources import ArtifactStore
 from assets.sft import fit_sft, sft_log_line
 from configs import load_profile
@@ -25,11 +26,11 @@ def sft(pipes: PipesContext) -> None:
     extras = pipes.extras
     cfg = load_profile(extras["profile"], json.loads(extras["overrides_json"]))
     storage = ArtifactStore(root=extras["storage_root"], cache_dir=extras["cache_dir"])
-    fs, path = fsspec.core.url_to_fs(extras["trajectories"])
-    if not fs.exists(path):
+    if not exists(extras["trajectories"]):
         raise FileNotFoundError(f"sft job: no stored sft_trajectories at {extras['trajectories']} (materialize sft_trajectories first)")
-    trajectories = pd.read_parquet(extras["trajectories"])
-    result = fit_sft(cfg, storage, extras["base_model"], trajectories, lambda step, m: pipes.log.info(sft_log_line(step, cfg.sft.steps, m)))
+    trajectories = pd.read_parquet(io.BytesIO(read_verified_bytes(extras["trajectories"], "sft_trajectories")))
+    result = fit_sft(cfg, storage, extras["base_model"], trajectories, lambda step, m: pipes.log.info(sft_log_line(step, cfg.sft.steps, m)),
+                     extras.get("provenance"))
     pipes.report_custom_message({"history": result["history"]})
     last = result["history"][-1]
     pipes.report_asset_materialization(metadata={"uri": result["uri"], "trainable_parameters": result["trainable_parameters"],

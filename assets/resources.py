@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import fsspec
 from dagster import ConfigurableResource
 
+from assets.artifacts import MANIFEST, CorruptArtifact, atomic_folder, build_manifest, config_hash, folder_files, replace_dir, verify_folder, write_json_atomic
 from configs import FlywheelConfig, load_profile
 from configs.schema import SandboxConfig
 
@@ -32,6 +35,10 @@ class FlywheelSettings(ConfigurableResource):
     @property
     def config(self) -> FlywheelConfig:
         return load_profile(self.profile, json.loads(self.overrides_json))
+
+    def provenance(self, run_id: str | None) -> dict[str, Any]:
+        """What an artifact's manifest records about who made it (assets/artifacts.py)."""
+        return {"profile": self.profile, "config_hash": config_hash(self.config.model_dump_json()), "dagster_run_id": run_id}
 
 
 class ArtifactStore(ConfigurableResource):
@@ -48,28 +55,55 @@ class ArtifactStore(ConfigurableResource):
         return "/".join([self.root.rstrip("/"), *parts])
 
     @contextlib.contextmanager
-    def writable_dir(self, *parts: str) -> Iterator[tuple[Path, str]]:
-        """Yield a local folder to save into and the URI it will live at. Remote roots are
-        uploaded after the block: a crash mid-save never leaves a half-written remote copy."""
+    def writable_dir(self, *parts: str, provenance: dict[str, Any] | None = None) -> Iterator[tuple[Path, str]]:
+        """Yield a local folder to save into and the URI it will live at. Nothing appears at the
+        URI until the block succeeds: locally the folder is renamed into place, remotely it is
+        uploaded after the block; either way its manifest (assets/artifacts.py) is written last."""
         uri = self.uri(*parts)
+        artifact = "/".join(parts)
         if self.is_local:
-            path = Path(fsspec.core.url_to_fs(uri)[1])
-            path.mkdir(parents=True, exist_ok=True)
-            yield path, str(path)
+            target = Path(fsspec.core.url_to_fs(uri)[1])
+            with atomic_folder(target, artifact, provenance) as staging:
+                yield staging, str(target)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            yield Path(tmp), uri
+            folder = Path(tmp)
+            yield folder, uri
+            files = folder_files(folder)
+            write_json_atomic(folder / MANIFEST, build_manifest(files, artifact, provenance))
             fs, remote = fsspec.core.url_to_fs(uri)
-            fs.put(tmp.rstrip("/") + "/", remote, recursive=True)
+            remote = remote.rstrip("/")
+            # The old manifest goes first and the new one last: in between, a reader finds no
+            # manifest (an error it names), never new files checked against old hashes.
+            if fs.exists(f"{remote}/{MANIFEST}"):
+                fs.rm(f"{remote}/{MANIFEST}")
+            for name, path in files.items():
+                fs.put_file(str(path), f"{remote}/{name}")
+            fs.put_file(str(folder / MANIFEST), f"{remote}/{MANIFEST}")
 
     def local_path(self, uri: str) -> Path:
-        """A local folder holding `uri` (downloaded once into the cache for remote roots)."""
+        """A local folder holding `uri`, verified against its manifest (downloaded once into the
+        cache for remote roots). Raises CorruptArtifact naming the artifact and the bad file."""
         if "://" not in uri or uri.startswith("file://"):
-            return Path(fsspec.core.url_to_fs(uri)[1])
+            path = Path(fsspec.core.url_to_fs(uri)[1])
+            verify_folder(path, uri)
+            return path
         fs, remote = fsspec.core.url_to_fs(uri)
         target = Path(self.cache_dir) / remote.strip("/").replace("/", "__")
-        if not target.exists():
-            fs.get(remote.rstrip("/") + "/", str(target) + "/", recursive=True)
+        if target.exists():
+            try:
+                verify_folder(target, uri)
+                return target
+            except CorruptArtifact:  # a damaged cache copy: fetch it again
+                shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        download = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            fs.get(remote.rstrip("/") + "/", str(download) + "/", recursive=True)
+            verify_folder(download, uri)
+            replace_dir(download, target)
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
         return target
 
 

@@ -144,7 +144,7 @@ def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage
         tracker.log_text(run_id, samples, "sample_trajectories.md")
     for warning in health.warnings:
         context.log.warning(f"round {round_index} collapse early-warning: {warning.message}")
-    with storage.writable_dir("checkpoints", "rl", f"round-{round_index}") as (path, uri):
+    with storage.writable_dir("checkpoints", "rl", f"round-{round_index}", provenance=settings.provenance(context.run_id)) as (path, uri):
         save_checkpoint(merged(policy), tok, path)
     shutil.rmtree(state_dir, ignore_errors=True)  # the round's output now exists; its resume state is spent
     rewards = pd.DataFrame(result.rewards)

@@ -37,7 +37,7 @@ def tokenizer(context: AssetExecutionContext, settings: FlywheelSettings, storag
     documents = [d["text"] for d in kb_from_rows(records(knowledge_base)).documents]
     tok = load_tokenizer(cfg.name_or_path) if cfg.source == "pretrained" else train_tokenizer(tokenizer_corpus(records(training_tasks), documents), cfg.vocab_size)
     tags = tag_ids(tok)
-    with storage.writable_dir("tokenizer") as (path, uri):
+    with storage.writable_dir("tokenizer", provenance=settings.provenance(context.run_id)) as (path, uri):
         tok.save_pretrained(path)
     context.add_output_metadata({"vocab_size": len(tok), "tag_ids": MetadataValue.json(tags), "uri": uri})
     return {"uri": uri, "vocab_size": len(tok)}
@@ -51,7 +51,7 @@ def base_model(context: AssetExecutionContext, settings: FlywheelSettings, stora
         model = load_policy(cfg.model.name_or_path, cfg.model.dtype)
     else:
         model = build_model(cfg.model, len(tok), tok.eos_token_id, cfg.seed)
-    with storage.writable_dir("checkpoints", "base") as (path, uri):
+    with storage.writable_dir("checkpoints", "base", provenance=settings.provenance(context.run_id)) as (path, uri):
         save_checkpoint(model, tok, path)
     context.add_output_metadata({"parameters": num_parameters(model), "architecture": type(model).__name__, "uri": uri})
     return {"uri": uri, "parameters": num_parameters(model)}
@@ -81,7 +81,7 @@ def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings,
 sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
 
 
-def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.DataFrame, on_log) -> dict:
+def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.DataFrame, on_log, provenance: dict | None = None) -> dict:
     """SFT from the base checkpoint, saved as the `sft` checkpoint: the step's work, wherever it
     runs (in the step, or launched through Dagster Pipes by assets/jobs.py)."""
     torch.set_num_threads(cfg.threads)
@@ -90,7 +90,7 @@ def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.Data
     # loss_mask: the policy's own tokens minus the detours (mistakes and alternatives shown, not taught)
     examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(trajectories)]
     history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log)
-    with storage.writable_dir("checkpoints", "sft") as (path, uri):
+    with storage.writable_dir("checkpoints", "sft", provenance=provenance) as (path, uri):
         save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
     return {"uri": uri, "history": history, "trainable_parameters": int(lora_summary(model)["trainable"])}
 
@@ -108,10 +108,12 @@ def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, s
     with tracker.run(context, "sft_checkpoint", params) as run_id:
         if launcher.external:  # the job reads the stored trajectories itself and reports back through Pipes
             extras = {"profile": settings.profile, "overrides_json": settings.overrides_json, "storage_root": storage.root,
-                      "cache_dir": storage.cache_dir, "base_model": base_model, "trajectories": f"{storage.uri('assets')}/sft_trajectories/all.parquet"}
+                      "cache_dir": storage.cache_dir, "base_model": base_model, "trajectories": f"{storage.uri('assets')}/sft_trajectories/all.parquet",
+                      "provenance": settings.provenance(context.run_id)}
             result = sft_result(launcher.launch(context, "sft", extras))
         else:
-            result = fit_sft(cfg, storage, base_model, sft_trajectories, lambda step, m: context.log.info(sft_log_line(step, cfg.sft.steps, m)))
+            result = fit_sft(cfg, storage, base_model, sft_trajectories, lambda step, m: context.log.info(sft_log_line(step, cfg.sft.steps, m)),
+                             settings.provenance(context.run_id))
         history = result["history"]
         tracker.log_history(run_id, history)
         png = curves_png(history, ["loss/sft", "perf/grad_norm"], "SFT")

@@ -136,6 +136,26 @@ def test_micro_flywheel_end_to_end(home):
     pool_2 = instance_rows(home, "task_pool", "2")
     assert pool_2["attempts"].sum() == pool_1["attempts"].sum() + 32
 
+    # every stored artifact has a manifest naming the run that wrote it, and verifies
+    from assets.artifacts import CorruptArtifact, verify_file, verify_folder
+
+    stored = sorted((home / "artifacts" / "assets").rglob("*.parquet"))
+    assert stored and all(verify_file(p, p.stem)["dagster_run_id"] for p in stored)
+    round_2 = home / "artifacts" / "checkpoints" / "rl" / "round-2"
+    assert verify_folder(round_2, "round-2")["config_hash"]
+    # a corrupted checkpoint is never benchmarked, registered or promoted: the step fails naming it
+    weights = round_2 / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+    versions_before = len(client.search_model_versions("name='agentic-policy'"))
+    rerun = build_definitions("micro", {}).resolve_job_def(RL_ROUND_JOB).execute_in_process(
+        instance=instance, partition_key="2", asset_selection=[AssetKey("benchmark_scores")], raise_on_error=False)
+    assert not rerun.success
+    failure = next(e for e in rerun.all_events if e.is_step_failure).step_failure_data.error
+    # not retried (CorruptArtifact is a Failure without retries): re-reading the same bytes cannot repair them
+    assert failure.cls_name == CorruptArtifact.__name__ and "round-2" in failure.message and "model.safetensors" in failure.message
+    assert not [e for e in rerun.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(client.search_model_versions("name='agentic-policy'")) == versions_before
+
 
 def instance_rows(home, asset: str, partition: str = "1"):
     import pandas as pd

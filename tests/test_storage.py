@@ -1,6 +1,9 @@
 """Artifact storage and the IO manager against S3 (a local moto server) and a local folder."""
 
 import json
+import os
+import uuid
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,7 +24,10 @@ def s3_bucket(monkeypatch):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+    # Credentials no test would write on purpose: the micro flywheel below checks they appear
+    # nowhere in what the platform stores (logs, MLflow params and artifacts, Dagster metadata).
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    for key, value in {"AWS_ACCESS_KEY_ID": f"AKIA{uuid.uuid4().hex[:16].upper()}", "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1",
                        "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(key, value)
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="flywheel-test")
@@ -118,3 +124,60 @@ def test_micro_flywheel_with_every_artifact_in_s3(s3_bucket, tmp_path, monkeypat
         assert fs.exists(f"{pointer['uri'].removeprefix('s3://')}/model.safetensors")
         model = load_policy(store.local_path(pointer["uri"]))  # downloaded into an empty cache, then loaded
         assert sum(p.numel() for p in model.parameters()) > 0
+
+    # Redaction: the S3 credentials are in this process's environment for the whole run, and in
+    # no byte of what it stored: Dagster's event log and run storage (logs, metadata, tags), MLflow's
+    # store (params, tags, metrics) and artifacts, compute logs, the bucket.
+    secrets = [os.environ["AWS_SECRET_ACCESS_KEY"].encode(), os.environ["AWS_ACCESS_KEY_ID"].encode()]
+    scanned = {p.relative_to(tmp_path / "fw").parts[0] for p in Path(tmp_path / "fw").rglob("*") if p.is_file()}
+    assert {"mlflow.db", "mlartifacts", "dagster"} <= scanned, scanned  # the stores really are in the scan
+    leaks = [str(path) for path in Path(tmp_path / "fw").rglob("*") if path.is_file() and any(s in path.read_bytes() for s in secrets)]
+    leaks += [key for key in fs.find(bucket) if any(s in fs.cat(key) for s in secrets)]
+    assert not leaks, f"credentials written to {leaks}"
+
+
+# --- manifests: a damaged artifact is refused by name, locally and on S3 ----------------------------
+
+
+def _damage(root: str, relative: str, data: bytes) -> None:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{relative}")
+    fs.pipe_file(path, data)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_truncated_dataset_is_refused_naming_asset_and_partition(where, request, tmp_path):
+    from assets.artifacts import CorruptArtifact
+
+    root = request.getfixturevalue("s3_bucket") if where == "s3" else str(tmp_path / "artifacts")
+    manager = FrameIOManager(root=root)
+    frame = pd.DataFrame({"task_id": [f"t{i}" for i in range(50)], "reward": [0.5] * 50})
+    manager.handle_output(build_output_context(asset_key=AssetKey("verified_rewards"), partition_key="2"), frame)
+    assert len(manager.load_input(build_input_context(asset_key=AssetKey("verified_rewards"), partition_key="2"))) == 50
+    _damage(root, "verified_rewards/2.parquet", b"PAR1 cut short")
+    with pytest.raises(CorruptArtifact, match=r"artifact verified_rewards\[2\] .*bytes, the manifest says .* \(truncated\?\)"):
+        manager.load_input(build_input_context(asset_key=AssetKey("verified_rewards"), partition_key="2"))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_corrupted_checkpoint_is_refused_and_a_bad_cache_copy_is_fetched_again(where, request, tmp_path):
+    from assets.artifacts import CorruptArtifact
+
+    root = request.getfixturevalue("s3_bucket") if where == "s3" else str(tmp_path / "artifacts")
+    store = ArtifactStore(root=root, cache_dir=str(tmp_path / "cache"))
+    with store.writable_dir("checkpoints", "rl", "round-1", provenance={"dagster_run_id": "run-7"}) as (path, uri):
+        (path / "config.json").write_text('{"a": 1}')
+        (path / "model.safetensors").write_bytes(b"\x00" * 1000)
+    local = store.local_path(uri)
+    assert json.loads((local / "MANIFEST.json").read_text())["dagster_run_id"] == "run-7"
+    if where == "s3":
+        (local / "model.safetensors").write_bytes(b"\x01" * 1000)  # the cached copy rots: fetched again, verified
+        assert (store.local_path(uri) / "model.safetensors").read_bytes() == b"\x00" * 1000
+    _damage(root, "checkpoints/rl/round-1/model.safetensors", b"\x00" * 999 + b"\x01")
+    if where == "s3":
+        import shutil
+
+        shutil.rmtree(local)
+    with pytest.raises(CorruptArtifact, match="artifact .*round-1.*model.safetensors does not match its sha256"):
+        store.local_path(uri)
