@@ -179,7 +179,7 @@ class RolloutConfig(_Strict):
     max_batch_size: int | None = Field(None, ge=1, description="Episodes advanced together per engine call; more wait and join as others finish. None: all.")
     tool_workers: int = Field(4, ge=1, description="Threads that run one turn's tool batches concurrently (each tool also pools: sandbox.pool_size).")
     tool_cores: int = Field(0, ge=0, description="CPU machines: cores kept for tool processes (the sandbox) during a rollout; the engine's threads "
-                            "run on the others. 0: no placement. 1 on a 2-core machine keeps code runs from stalling vLLM (docs/rollout.md).")
+                            "run on the others. 0: no placement. For machines with cores to spare for tools; on 2 cores it did not pay (docs/rollout.md).")
     vllm: VLLMConfig = VLLMConfig()
     max_turns: int = Field(4, ge=1, description="Policy turns per episode (each tool call ends a turn); 3-hop search needs 4.")
     max_new_tokens_per_turn: int = Field(48, ge=1)

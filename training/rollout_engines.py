@@ -327,9 +327,9 @@ class VLLMEngine:
         if key in self._running:
             raise RuntimeError(f"episode {key!r} already has a turn in flight")
         params = self._params(budget, stop_ids, sampling, seed)
-        # One output per turn, when it ends: per-step outputs for every running turn cost vLLM and
-        # this loop ~10% of a small model's rollout time. A session's output is cumulative over its
-        # turns; `_running` keeps where this turn starts.
+        # One output per turn, when it ends: vLLM would otherwise build an output object for every
+        # running turn every step, and this loop would read it. A session's output is cumulative
+        # over its turns; `_running` keeps where this turn starts.
         params.output_kind = self._final_only
         if not self.sessions:
             self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(sequence)), params)
