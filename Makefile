@@ -5,12 +5,16 @@ export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint dagster-ui mlflow-ui audit models promote rollback clean
+.PHONY: setup run resume test lint dagster-ui mlflow-ui audit models promote rollback clean
 setup:
 	@bash scripts/setup.sh
 
 run: setup
 	$(PY) -m pipelines.run --profile $(PROFILE) $(if $(SEED),--seed $(SEED),) $(ARGS)
+
+# After a killed or failed `make run`: its failed run again from where it stopped, then the rounds left.
+resume: setup
+	$(PY) -m pipelines.run --resume
 
 test: setup
 	@bash scripts/setup.sh --browser --tools

@@ -1,5 +1,8 @@
 """Tokenizer, base model, expert trajectories and the SFT checkpoint."""
 
+import shutil
+from pathlib import Path
+
 import pandas as pd
 import torch
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
@@ -89,9 +92,12 @@ def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.Data
     model = apply_lora(model, cfg.model.lora)
     # loss_mask: the policy's own tokens minus the detours (mistakes and alternatives shown, not taught)
     examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(trajectories)]
-    history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log)
+    # Resumable state on local disk next to the artifact cache: a re-executed SFT step continues from it.
+    state_dir = Path(storage.cache_dir) / "sft-state"
+    history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log, state_dir=state_dir)
     with storage.writable_dir("checkpoints", "sft", provenance=provenance) as (path, uri):
         save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
+    shutil.rmtree(state_dir, ignore_errors=True)  # the checkpoint now exists; its resume state is spent
     return {"uri": uri, "history": history, "trainable_parameters": int(lora_summary(model)["trainable"])}
 
 

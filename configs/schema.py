@@ -152,6 +152,7 @@ class SFTConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     log_every: int = Field(50, ge=1)
+    checkpoint_every: int = Field(100, ge=1, description="Steps between resumable state checkpoints (a killed SFT step resumes from the last).")
 
 
 class VLLMConfig(_Strict):

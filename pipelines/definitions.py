@@ -60,4 +60,14 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
     )
 
 
+# For `reconstructable()`: `make resume` (pipelines/run.py) re-executes a failed run from failure
+# with the job rebuilt from FLYWHEEL_PROFILE / FLYWHEEL_OVERRIDES, as a code location would.
+def foundation_job():
+    return build_definitions().resolve_job_def(FOUNDATION_JOB)
+
+
+def rl_round_job():
+    return build_definitions().resolve_job_def(RL_ROUND_JOB)
+
+
 defs = build_definitions()

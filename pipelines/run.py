@@ -1,6 +1,7 @@
 """`make run`: the default flywheel on this machine, through Dagster, recorded in MLflow.
 
     python -m pipelines.run --profile tiny [--seed 1] [--set rl.rounds=3 ...]
+    python -m pipelines.run --resume      # `make resume`: continue the last flywheel after a kill or failure
 
 1. validate the profile (fails before any work, naming field and value);
 2. point Dagster (DAGSTER_HOME) and MLflow at FLYWHEEL_HOME, so `dagster dev` and
@@ -8,6 +9,11 @@
 3. materialize the foundation job (tasks -> SFT -> SFT benchmark), then each RL round as a
    new partition of the round job (rollouts -> rewards -> checkpoint -> benchmark -> gate);
 4. print SFT vs final RL pass@1, the champion, and where the state is.
+
+A flywheel killed at any point (SIGKILL, a crash, a reboot) is continued by `--resume`: its run is
+marked failed, re-executed from failure by Dagster (steps that completed are not run again; SFT
+and RL rounds continue from their last state checkpoint), then its remaining rounds run
+(tests/test_kill_resume.py).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from configs import ConfigError, flywheel_home, load_profile, parse_override
@@ -43,35 +51,65 @@ def prepare_home(home: Path) -> None:
 CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
-def run_flywheel(profile: str, overrides: dict) -> dict:
-    cfg = load_profile(profile, overrides)  # 1. validate before anything starts
+# Tags on every run a flywheel launches: which flywheel it belongs to, how to rebuild its
+# definitions, and the process running it (to tell a killed run from a running one).
+FLYWHEEL_TAG, PROFILE_TAG, OVERRIDES_TAG, PID_TAG, HOST_TAG = "flywheel/id", "flywheel/profile", "flywheel/overrides", "flywheel/pid", "flywheel/host"
+
+
+def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict:
+    """A new flywheel (foundation, then `rl.rounds` rounds); with `resume`, the last one continued:
+    its failed or killed run re-executed from failure (completed steps are not run again), then
+    the rounds it had still to run. Profile and overrides then come from that flywheel's runs."""
+    load_profile(profile, overrides)  # 1. validate before anything starts
     home = flywheel_home()
     prepare_home(home)  # 2.
-    from dagster import DagsterInstance
+    from dagster import DagsterInstance, DagsterRunStatus
 
     from assets.rl import next_round, rl_rounds
     from pipelines.definitions import FOUNDATION_JOB, RL_ROUND_JOB, build_definitions
     from pipelines.resources import resources_for
     from training.evaluate import paired_difference
 
-    defs = build_definitions(profile, overrides)
     instance = DagsterInstance.get()
+    fail_dead_runs(instance)
     started = time.perf_counter()
-    # 3. foundation, then rounds
-    print(f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True)
-    result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance, run_config=CONSOLE, raise_on_error=False)
-    if not result.success:
-        raise SystemExit(failure_message(result, FOUNDATION_JOB))
-    sft_scores = result.output_for_node("sft_benchmark_scores")
-    rounds = []
-    for _ in range(cfg.rl.rounds):
+    runs = flywheel_runs(instance) if resume else []
+    if resume:
+        if not runs:
+            raise SystemExit(f"[flywheel] nothing to resume: no flywheel has run in {home}")
+        profile, overrides = runs[0].tags[PROFILE_TAG], json.loads(runs[0].tags[OVERRIDES_TAG])
+    cfg = load_profile(profile, overrides)
+    # what a re-execution's job is rebuilt from (pipelines/definitions.py), as the Dagster UI does
+    os.environ["FLYWHEEL_PROFILE"], os.environ["FLYWHEEL_OVERRIDES"] = profile, json.dumps(overrides)
+    defs = build_definitions(profile, overrides)
+    tags = {FLYWHEEL_TAG: runs[0].tags[FLYWHEEL_TAG] if runs else uuid.uuid4().hex[:12], PROFILE_TAG: profile,
+            OVERRIDES_TAG: json.dumps(overrides, sort_keys=True), PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+    if runs and runs[0].status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.QUEUED):
+        raise SystemExit(f"[flywheel] the last flywheel is still running: run {runs[0].run_id[:8]} (pid {runs[0].tags.get(PID_TAG)})")
+    if runs and runs[0].status != DagsterRunStatus.SUCCESS:  # 3a. the killed or failed run, from where it stopped
+        parent = runs[0]
+        what = parent.job_name + (f" partition {parent.tags['dagster/partition']}" if "dagster/partition" in parent.tags else "")
+        print(f"[flywheel] profile={profile} home={home}: re-executing {what} (run {parent.run_id[:8]}) from failure", flush=True)
+        result = reexecute_from_failure(instance, parent, tags)
+        if not result.success:
+            raise SystemExit(failure_message(result, what))
+        runs = flywheel_runs(instance)
+    if not any(r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in runs):  # 3b. foundation, then rounds
+        print(f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True)
+        result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance, run_config=CONSOLE, tags=tags, raise_on_error=False)
+        if not result.success:
+            raise SystemExit(failure_message(result, FOUNDATION_JOB))
+    done = rounds_of(runs, RL_ROUND_JOB)
+    for _ in range(cfg.rl.rounds - len(done)):
         key = str(next_round(instance))
         instance.add_dynamic_partitions(rl_rounds.name, [key])
         print(f"[flywheel] RL round {key} ({cfg.rl.steps_per_round} steps)", flush=True)
-        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key=key, run_config=CONSOLE, raise_on_error=False)
+        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key=key, run_config=CONSOLE, tags=tags, raise_on_error=False)
         if not result.success:
             raise SystemExit(failure_message(result, f"{RL_ROUND_JOB} partition {key}"))
-        rounds.append(result.output_for_node("benchmark_scores"))
+        done.append(key)
+    sft_scores = defs.load_asset_value("sft_benchmark_scores", instance=instance)
+    rounds = [defs.load_asset_value("benchmark_scores", partition_key=key, instance=instance) for key in done]
     tracker = resources_for(cfg, overrides)["tracker"]
     champion = tracker.version_by_alias("champion")
     final = rounds[-1] if rounds else sft_scores
@@ -83,6 +121,63 @@ def run_flywheel(profile: str, overrides: dict) -> dict:
              for family in sorted(set(family_of.values()))}
     return {"sft": sft_scores, "rounds": rounds, "gain": gain, "gains": gains, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
             "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
+
+
+def flywheel_runs(instance) -> list:
+    """The runs of the latest flywheel (the one the newest tagged run belongs to), newest first."""
+    from dagster import RunsFilter
+
+    latest = next((r for r in instance.get_runs(limit=100) if FLYWHEEL_TAG in r.tags), None)
+    return instance.get_runs(filters=RunsFilter(tags={FLYWHEEL_TAG: latest.tags[FLYWHEEL_TAG]})) if latest else []
+
+
+def rounds_of(runs: list, job_name: str) -> list[str]:
+    """Round partitions the flywheel completed, in the order it ran them (a round re-executed
+    after a failure counts once)."""
+    from dagster import DagsterRunStatus
+
+    keys = [r.tags["dagster/partition"] for r in reversed(runs) if r.job_name == job_name and r.status == DagsterRunStatus.SUCCESS]
+    return list(dict.fromkeys(keys))
+
+
+def fail_dead_runs(instance) -> list[str]:
+    """Mark failed the runs this machine started whose process is gone (killed, crashed, machine
+    restarted): Dagster's run monitoring does this for runs its daemon launched; `make run`
+    executes in its own process. A failed run can then be re-executed from failure, here
+    (`--resume`) or in the Dagster UI."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    failed = []
+    for run in instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING])):
+        pid = run.tags.get(PID_TAG)
+        if pid is None or run.tags.get(HOST_TAG) != socket.gethostname() or _alive(int(pid)):
+            continue
+        instance.report_run_failed(run, message=f"the process running it (pid {pid} on {run.tags[HOST_TAG]}) is gone: killed or crashed")
+        failed.append(run.run_id)
+    return failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def reexecute_from_failure(instance, parent, tags: dict):
+    """Dagster's re-execution from failure: the steps that did not succeed in `parent` (and what
+    depends on them) run again, reading the others' stored outputs. The job is rebuilt from
+    pipelines/definitions.py, as the UI's "Re-execute from failure" does."""
+    from dagster import ReexecutionOptions, execute_job, reconstructable
+
+    from pipelines import definitions
+
+    job = definitions.foundation_job if parent.job_name == definitions.FOUNDATION_JOB else definitions.rl_round_job
+    return execute_job(reconstructable(job), instance, run_config=CONSOLE, tags={**{k: v for k, v in parent.tags.items() if not k.endswith("_run_id")}, **tags},
+                       reexecution_options=ReexecutionOptions.from_failure(parent.run_id, instance))
 
 
 def failure_message(result, what: str) -> str:
@@ -127,12 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=os.environ.get("FLYWHEEL_PROFILE", "tiny"))
     parser.add_argument("--seed", type=int, help="seeds task generation, model init, SFT and RL")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a profile value")
+    parser.add_argument("--resume", action="store_true", help="continue the last flywheel: re-execute its failed or killed run from "
+                        "failure, then run the rounds it had left (its own profile and overrides)")
     args = parser.parse_args(argv)
     try:
         overrides = dict(parse_override(o) for o in args.set)
         if args.seed is not None:
             overrides.update({"seed": args.seed, "data.seed": args.seed})
-        outcome = run_flywheel(args.profile, overrides)
+        outcome = run_flywheel(args.profile, overrides, resume=args.resume)
     except ConfigError as exc:
         print(f"[flywheel] {exc}", file=sys.stderr)
         return 2

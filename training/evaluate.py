@@ -13,6 +13,7 @@ from statistics import NormalDist
 
 import torch
 
+from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
 from environments.tools import Tool
 from training.rollout import run_episodes
@@ -35,6 +36,7 @@ def evaluate_policy(
         episodes = run_episodes(engine, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
         records = [episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes]
         scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
+        failpoint("benchmark")
         by_task: dict[str, list] = {}
         for record, score in zip(records, scores):
             by_task.setdefault(record["task_id"], []).append((record, score))

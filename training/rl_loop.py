@@ -10,10 +10,7 @@ last state checkpoint and ends bitwise where an uninterrupted round ends (tests/
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -22,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from configs.failpoints import failpoint
 from configs.schema import EngineConfig, RLConfig, RolloutConfig
 from environments.tools import Tool
 from training.algorithms import Algorithm, resolve_algorithm
@@ -36,6 +34,7 @@ from training.rollout import run_episodes
 from training.rollout_engines import build_rollout_engine
 from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits
+from training.state import fingerprint, load_state, save_state
 from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
 
 
@@ -306,46 +305,6 @@ def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches:
     return sums
 
 
-# --------------------------------------------------------------------------- resumable state
-def _fingerprint(**parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def save_state(state_dir: Path, step: int, fingerprint: str, engines: dict, rng: random.Random, generator: torch.Generator, result: RoundResult) -> None:
-    """Everything a resumed round needs to continue bitwise: engines (weights, optimizer,
-    scheduler), RNG states, the step counter and what the round has produced so far. Written to a
-    temporary folder and renamed, then LATEST is replaced: a kill at any moment leaves the
-    previous state intact."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    final = state_dir / f"step-{step:05d}"
-    tmp = state_dir / f".tmp-step-{step:05d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, engine in engines.items():
-        engine.save_state(tmp / name)
-    torch.save({"step": step, "fingerprint": fingerprint, "python_rng": rng.getstate(), "generator": generator.get_state(),
-                "torch_rng": torch.get_rng_state(), "result": result}, tmp / "loop.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    latest_tmp = state_dir / ".LATEST.tmp"
-    latest_tmp.write_text(final.name)
-    latest_tmp.replace(state_dir / "LATEST")
-    for old in state_dir.glob("step-*"):
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def load_state(state_dir: Path | None, fingerprint: str) -> tuple[Path, dict] | None:
-    """The latest complete state of this same round (same fingerprint), or None."""
-    if state_dir is None or not (state_dir / "LATEST").exists():
-        return None
-    folder = state_dir / (state_dir / "LATEST").read_text().strip()
-    loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state
-    if loop["fingerprint"] != fingerprint:
-        return None  # another config or round: never resume across them
-    return folder, loop
-
-
 # --------------------------------------------------------------------------- the round
 def train_round(
     policy, reference, tokenizer, tasks: list[dict], tools: dict[str, Tool], *,
@@ -367,10 +326,10 @@ def train_round(
     model = engines["policy"].model  # the plain model samples rollouts; the engine's module computes gradients
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     by_id = {t["task_id"]: t for t in tasks}
-    fingerprint = _fingerprint(rl=rl.model_dump(), rollout=rollout.model_dump(), round=round_index, seed=seed, version=policy_version,
+    state_key = fingerprint(rl=rl.model_dump(), rollout=rollout.model_dump(), round=round_index, seed=seed, version=policy_version,
                                tasks=len(tasks), engine=engine_cfg.model_dump())
     result, first_step = RoundResult(), 1
-    resumed = load_state(state_dir, fingerprint)
+    resumed = load_state(state_dir, state_key)
     if resumed:
         folder, loop = resumed
         for name, engine in engines.items():
@@ -426,6 +385,7 @@ def train_round(
                                                                                 max_tokens=rollout.max_total_tokens),
                                      minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="actor")
                 update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
+            failpoint("rl.update")
             # 5. log, checkpoint
             metrics = {**rollout_metrics(records, scores), **tier_metrics(step_stats, disagreements), **prep_metrics, **update,
                        "rollout/sampling_passes": float(passes), "rollout/trained_trajectories": float(len(samples)),
@@ -436,7 +396,7 @@ def train_round(
             if on_step:
                 on_step(step, metrics)
             if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
-                save_state(state_dir, step, fingerprint, engines, rng, generator, result)
+                save_state(state_dir, step, state_key, engines, rng, generator, result)
     finally:
         rollout_engine.close()
     return result

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
 from environments import TOOLS_BY_FAMILY
 from environments.tools import Tool, ToolResult
@@ -59,6 +60,38 @@ def _call_of_turn(tokenizer, turn_ids: list[int], open_id: int) -> str:
     if open_id in body:
         body = body[len(body) - body[::-1].index(open_id) :]
     return tokenizer.decode(body)
+
+
+class RolloutEngineError(RuntimeError):
+    """The rollout engine failed mid-batch (an error or OOM inside the model, an engine that was
+    shut down). The batch is abandoned: its episodes are unfinished, so nothing of it may be scored,
+    stored or trained on; the step fails, and its retry resumes from the last state checkpoint."""
+
+
+@contextlib.contextmanager
+def _engine_call(engine: RolloutEngine, what: str, episodes: list[Episode]) -> Iterator[None]:
+    """Raise an engine's failure as a RolloutEngineError naming the engine, the call and how far
+    the batch got (the engine's own error, e.g. vLLM's on a closed engine, says neither)."""
+    try:
+        yield
+    except Exception as exc:
+        unfinished = sum(not e.done for e in episodes)
+        raise RolloutEngineError(f"rollout engine {engine.name!r} failed in {what} with {unfinished} of {len(episodes)} episodes "
+                                 f"unfinished; the batch is abandoned: {type(exc).__name__}: {exc}") from exc
+
+
+def _end_sessions(engine, keys: list[str], *, failing: bool) -> None:
+    """End every episode's session. After a failure an `end` may fail too (an engine that died took
+    its sessions with it): the others are still ended, and the first error is the one reported."""
+    errors = []
+    for key in keys:
+        try:
+            engine.end(key)
+        except Exception as exc:  # noqa: BLE001 - collected, raised below unless an error is already on its way
+            errors.append(exc)
+    if errors and not failing:
+        raise RolloutEngineError(f"rollout engine {engine.name!r} failed to end {len(errors)} of {len(keys)} sessions: "
+                                 f"{type(errors[0]).__name__}: {errors[0]}") from errors[0]
 
 
 def _run_tool(tool: Tool, args: list[str]) -> list[ToolResult]:
@@ -203,11 +236,13 @@ class _Loop:
         while waiting or active:
             while waiting and len(active) < limit:
                 active.append(waiting.popleft())
-            turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], [self.budget(e) for e in active],
-                                    stop_ids=self.stop_ids, sampling=self.sampling, generator=generator)
+            with _engine_call(engine, "generate", episodes):
+                turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], [self.budget(e) for e in active],
+                                        stop_ids=self.stop_ids, sampling=self.sampling, generator=generator)
             calls = [call for e, turn in zip(active, turns) if (call := self.record_turn(e, turn))]
             for (episode, name, args), result in zip(calls, _dispatch(self.tools, calls, pool)):
                 self.record_observation(episode, name, args, result)
+            failpoint("rl.rollout")
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
     def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, base_seed: int, tool_cpus: set[int] | None = None) -> None:
@@ -231,12 +266,14 @@ class _Loop:
                 episode.stop_reason = "max_tokens"
                 return False
             i = index[id(episode)]
-            engine.submit(key(episode), episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
-                          sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31)
+            with _engine_call(engine, "submit", episodes):
+                engine.submit(key(episode), episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
+                              sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31)
             return True
 
         def finish(episode: Episode) -> int:
-            engine.end(key(episode))  # frees what the engine kept for the episode
+            with _engine_call(engine, "end", episodes):
+                engine.end(key(episode))  # frees what the engine kept for the episode
             return 1
 
         try:
@@ -245,7 +282,9 @@ class _Loop:
                     while waiting and live < limit:
                         live += submit(waiting.popleft())
                     calls = []
-                    for k, turn in engine.poll() if engine.busy() else []:
+                    with _engine_call(engine, "poll", episodes):
+                        finished = engine.poll() if engine.busy() else []
+                    for k, turn in finished:
                         episode = episodes[int(k.split("-")[1])]
                         call = self.record_turn(episode, turn)
                         if call:
@@ -254,6 +293,7 @@ class _Loop:
                             live -= finish(episode)
                     if calls:
                         jobs.append((calls, dispatcher.submit(_dispatch, self.tools, calls, pool)))
+                    failpoint("rl.rollout")
                     if jobs and not engine.busy():  # nothing to generate until a tool batch returns
                         wait([future for _, future in jobs], return_when=FIRST_COMPLETED)
                     for job in [job for job in jobs if job[1].done()]:
@@ -262,6 +302,7 @@ class _Loop:
                             self.record_observation(episode, name, args, result)
                             if episode.done or not submit(episode):
                                 live -= finish(episode)
-        finally:  # on an error too: no session may outlive the loop
-            for episode in episodes:
-                engine.end(key(episode))
+        except BaseException:  # on an error too: no session may outlive the loop
+            _end_sessions(engine, [key(e) for e in episodes], failing=True)
+            raise
+        _end_sessions(engine, [key(e) for e in episodes], failing=False)

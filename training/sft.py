@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from configs.failpoints import failpoint
 from configs.schema import EngineConfig, SFTConfig
 from training.engines import accumulate_step, build_engine, check_single_process, shard
 from training.rl_math import agg_loss, token_logprobs
 from training.sequences import collate, completion_logits
+from training.state import fingerprint, load_state, save_state
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,19 @@ def _policy_tokens(examples: list[Example]) -> torch.Tensor:
     return torch.tensor([float(sum(sum(e.tool_mask) for e in examples))])
 
 
+def digest(what) -> str:
+    """sha256 of examples' ids, or of a model's weights."""
+    h = hashlib.sha256()
+    if isinstance(what, torch.nn.Module):
+        for name, tensor in what.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    else:
+        for e in what:
+            h.update(json.dumps([e.prompt_ids, e.completion_ids, e.tool_mask], default=int).encode())  # ids may be numpy ints (parquet)
+    return h.hexdigest()
+
+
 def train_sft(
     model,
     examples: list[Example],
@@ -51,10 +69,13 @@ def train_sft(
     seed: int,
     engine_cfg: EngineConfig = EngineConfig(),
     on_log: Callable[[int, dict[str, float]], None] | None = None,
+    state_dir: Path | None = None,
 ) -> list[dict[str, float]]:
     """Returns the logged history; `on_log(step, metrics)` reports progress as it goes. Gradients go
     through a `training.engines` engine (plain torch or DeepSpeed, micro-batched if configured);
-    only trainable parameters (all of them, or the LoRA adapters) are optimized."""
+    only trainable parameters (all of them, or the LoRA adapters) are optimized. `state_dir`: where
+    resumable state goes every `cfg.checkpoint_every` steps; a run killed after one continues from
+    it, bit for bit (None: no state)."""
     if not examples:
         raise ValueError("no SFT examples")
     check_single_process(engine_cfg)
@@ -63,13 +84,23 @@ def train_sft(
     engine.train()
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
-    start, tokens_seen = time.perf_counter(), 0
+    start, tokens_seen, first_step = time.perf_counter(), 0, 1
+    # the same config, data and starting weights: state of another SFT in the same home is never resumed
+    state_key = fingerprint(sft=cfg.model_dump(), seed=seed, engine=engine_cfg.model_dump(), pad_id=pad_id, data=digest(examples), init=digest(model)) if state_dir else ""
+    resumed = load_state(state_dir, state_key)
+    if resumed:
+        folder, loop = resumed
+        engine.load_state(folder / "policy")
+        generator.set_state(loop["generator"])
+        torch.set_rng_state(loop["torch_rng"])
+        history = loop["result"]  # tokens/s counts from the resume on: `start` is now
+        first_step = loop["step"] + 1
 
     def loss_fn(chunk: list[Example], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         loss, n = sft_loss(engine.module, chunk, pad_id, num_tokens=counts[0])
         return loss, {"policy_tokens_per_row": n / len(chunk)}  # the engine averages metrics over rows
 
-    for step in range(1, cfg.steps + 1):
+    for step in range(first_step, cfg.steps + 1):
         # 1. sample a batch of trajectories (every rank draws the same batch, then takes its shard)
         index = torch.randint(len(examples), (cfg.batch_size,), generator=generator).tolist()
         rows = shard([examples[i] for i in index], engine.rank, engine.world_size)
@@ -87,5 +118,8 @@ def train_sft(
             history.append({"step": step, **metrics})
             if on_log:
                 on_log(step, metrics)
+        if state_dir is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            save_state(state_dir, step, state_key, {"policy": engine}, None, generator, history)
+        failpoint("sft.step")
     engine.eval()
     return history

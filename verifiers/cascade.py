@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from configs.failpoints import failpoint
 from configs.schema import RewardConfig, VerifierSpec
 from verifiers import code_tests, math_verify, qa  # noqa: F401  (register the verifiers)
 from verifiers.base import Task, Verdict, get_verifier, run_precheck, run_task_check, run_verifier
@@ -136,6 +137,7 @@ class Cascade:
                 verdicts[i] = verdict
             else:
                 pending.append((i, spec, answer))
+        failpoint("rl.verify")
         # The main tier: concurrent when the verifier runs in the sandbox (its pool bounds it).
         sandboxed = [p for p in pending if get_verifier(p[1].name).needs_sandbox]
         inline = [p for p in pending if not get_verifier(p[1].name).needs_sandbox]

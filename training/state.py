@@ -1,0 +1,53 @@
+"""Resumable training state: what a loop killed mid-way (SFT, an RL round) needs to continue bit
+for bit on re-execution. Kept on local disk next to the artifact cache (`cache/sft-state`,
+`cache/rl-state/round-N`), one folder per saved step, and removed once the loop's output exists."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def fingerprint(**parts) -> str:
+    """What identifies a loop's run (its config, seed, inputs): state of another one is never resumed."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_state(state_dir: Path, step: int, key: str, engines: dict, rng: random.Random | None, generator: torch.Generator, progress) -> None:
+    """Everything a resumed loop needs to continue bitwise: engines (weights, optimizer,
+    scheduler), RNG states, the step counter and `progress` (what the loop has produced so far).
+    Written to a temporary folder and renamed, then LATEST is replaced: a kill at any moment
+    leaves the previous state intact."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    final = state_dir / f"step-{step:05d}"
+    tmp = state_dir / f".tmp-step-{step:05d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, engine in engines.items():
+        engine.save_state(tmp / name)
+    torch.save({"step": step, "fingerprint": key, "python_rng": rng.getstate() if rng else None, "generator": generator.get_state(),
+                "torch_rng": torch.get_rng_state(), "result": progress}, tmp / "loop.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    latest_tmp = state_dir / ".LATEST.tmp"
+    latest_tmp.write_text(final.name)
+    latest_tmp.replace(state_dir / "LATEST")
+    for old in state_dir.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(state_dir: Path | None, key: str) -> tuple[Path, dict] | None:
+    """The latest complete state of this same loop (same fingerprint), or None."""
+    if state_dir is None or not (state_dir / "LATEST").exists():
+        return None
+    folder = state_dir / (state_dir / "LATEST").read_text().strip()
+    loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state
+    if loop["fingerprint"] != key:
+        return None  # another config or run: never resume across them
+    return folder, loop
