@@ -14,6 +14,11 @@ the last object written, so a reader never sees a partial artifact either way.
 The IO manager and the artifact store (assets/io.py, assets/resources.py) call in; the only
 Dagster type used is `Failure`, so a corrupt artifact fails its step without the retries a
 transient error gets (retrying cannot repair it).
+
+Remote stores are reached through `filesystem(url)`: S3 calls retry transient failures (5xx,
+throttling, dropped connections) with botocore's standard back-off (S3_RETRIES); a call that still
+fails raises `StorageUnavailable` naming the object and the endpoint. Since the manifest goes last,
+a write that fails half-way leaves an artifact no reader accepts, never a partial one it trusts.
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ MANIFEST = "MANIFEST.json"  # inside a folder artifact
 SIDECAR_SUFFIX = ".manifest.json"  # next to a file artifact
 SCHEMA_VERSION = 1
 _CHUNK = 1 << 20
+# botocore's retries for every S3 call (s3fs -> aiobotocore). Its default here is "legacy" mode
+# with 5 attempts; "standard" mode (AWS's recommendation) retries 5xx, throttling and connection
+# errors with jittered exponential back-off of at most 20 s a pause and a retry quota, and 10
+# attempts ride out about a minute of an unavailable endpoint (111 s at most). AWS_MAX_ATTEMPTS or
+# AWS_RETRY_MODE in the environment, when set, win.
+S3_RETRIES = {"mode": "standard", "max_attempts": 10}
 
 
 class CorruptArtifact(Failure):
@@ -45,6 +56,47 @@ class CorruptArtifact(Failure):
 
     def __init__(self, message: str):
         super().__init__(description=message, allow_retries=False)
+
+
+class StorageUnavailable(OSError):
+    """A call to a remote artifact store that still failed after the client's retries."""
+
+
+def s3_retries() -> dict[str, Any] | None:
+    """The botocore `retries` config S3 calls use; None when the environment sets its own."""
+    return None if {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ) else dict(S3_RETRIES)
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """fsspec's file system for `url` and the path in it; S3 with the retries of S3_RETRIES."""
+    retries = s3_retries() if url.startswith("s3://") else None
+    return fsspec.core.url_to_fs(url, **({"config_kwargs": {"retries": retries}} if retries else {}))
+
+
+def _endpoint(fs) -> str:
+    try:
+        return fs.s3.meta.endpoint_url  # what s3fs's client resolved (argument, AWS_ENDPOINT_URL*, profile, AWS default)
+    except AttributeError:
+        return "(unknown)"
+
+
+@contextlib.contextmanager
+def remote_errors(fs, operation: str, url: str) -> Iterator[None]:
+    """Raise StorageUnavailable naming the object and the endpoint when a call to a remote store
+    fails for good (s3fs's errors name neither). Local errors (a full disk) and a missing object
+    (an answer, not a failure) pass through unchanged."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        if isinstance(fs, LocalFileSystem):
+            raise
+        retries = ""
+        if url.startswith("s3://"):  # what botocore was told, or its defaults under the environment's settings
+            used = s3_retries() or {"mode": os.environ.get("AWS_RETRY_MODE", "legacy"), "max_attempts": os.environ.get("AWS_MAX_ATTEMPTS", 5)}
+            retries = f" after the S3 client's retries ({used['mode']} mode, {used['max_attempts']} attempts)"
+        raise StorageUnavailable(f"{operation} {url} failed at endpoint {_endpoint(fs)}{retries}: {type(exc).__name__}: {exc}") from exc
 
 
 def sha256_file(path: Path) -> str:
@@ -174,44 +226,48 @@ def atomic_folder(target: Path, artifact: str, provenance: dict[str, Any] | None
 def write_bytes(url: str, data: bytes, artifact: str, provenance: dict[str, Any] | None = None) -> None:
     """Store `data` at `url` with its sidecar manifest, the manifest last. Locally through a
     temporary file renamed into place; on S3 an object exists only once its upload completed."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = filesystem(url)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     manifest = json.dumps(_manifest(artifact, provenance, {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}),
                           indent=1, default=str).encode()
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    side = path + SIDECAR_SUFFIX
-    if fs.exists(side):  # never an old manifest next to new data
-        fs.rm(side)
-    if isinstance(fs, LocalFileSystem):
-        for target, payload in ((path, data), (side, manifest)):
-            tmp = f"{os.path.dirname(target)}/.{os.path.basename(target)}.tmp-{uuid.uuid4().hex[:8]}"
-            with open(tmp, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        return
-    fs.pipe_file(path, data)
-    fs.pipe_file(side, manifest)
+    with remote_errors(fs, f"writing artifact {artifact} to", url):
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        side = path + SIDECAR_SUFFIX
+        if fs.exists(side):  # never an old manifest next to new data
+            fs.rm(side)
+        if isinstance(fs, LocalFileSystem):
+            for target, payload in ((path, data), (side, manifest)):
+                tmp = f"{os.path.dirname(target)}/.{os.path.basename(target)}.tmp-{uuid.uuid4().hex[:8]}"
+                with open(tmp, "wb") as f:
+                    f.write(payload)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            return
+        fs.pipe_file(path, data)
+        fs.pipe_file(side, manifest)
 
 
 def exists(url: str) -> bool:
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs.exists(path)
+    fs, path = filesystem(url)
+    with remote_errors(fs, "looking for", url):
+        return fs.exists(path)
 
 
 def read_verified_bytes(url: str, artifact: str) -> bytes:
     """The bytes at `url`, checked against its sidecar manifest (CorruptArtifact if they differ)."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = filesystem(url)
     side = path + SIDECAR_SUFFIX
-    if not fs.exists(side):
+    with remote_errors(fs, f"reading artifact {artifact} from", url):
+        raw_manifest = fs.cat_file(side) if fs.exists(side) else None
+        data = fs.cat_file(path) if raw_manifest is not None else b""
+    if raw_manifest is None:
         raise CorruptArtifact(f"artifact {artifact}: no manifest at {url}{SIDECAR_SUFFIX}; the step that wrote it did not finish "
                               "(or it predates manifests): re-materialize it")
     try:
-        manifest = json.loads(fs.cat_file(side))
+        manifest = json.loads(raw_manifest)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CorruptArtifact(f"artifact {artifact}: manifest {url}{SIDECAR_SUFFIX} is not valid JSON ({exc})") from None
-    data = fs.cat_file(path)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     expected = (manifest.get("files") or {}).get(name)
     if manifest.get("schema_version") != SCHEMA_VERSION or expected is None:

@@ -6,12 +6,14 @@ import pandas as pd
 import torch
 from dagster import AssetExecutionContext, AutomationCondition, MetadataValue, Output, asset
 
+from assets.artifacts import MANIFEST, read_manifest
+from assets.locks import round_lock
 from assets.plots import bars_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.rl import rl_rounds, round_health
 from assets.sft import load_checkpoint, records
-from assets.tracking import CHALLENGER, CHAMPION, MLflowTracker
+from assets.tracking import CHALLENGER, CHAMPION, ChampionChanged, MLflowTracker
 from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.evaluate import evaluate_policy, promotion_decision, summarize
@@ -48,17 +50,17 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
     decision = promotion_decision(per_task, champion_scores, bench.confidence, bench.promotion_margin)
     if blocked_by:  # a collapsed round is never promoted, however it scores (rl.collapse.action: block)
         decision = {**decision, "promote": False}
+    folder = storage.local_path(pointer["uri"])
     with tracker.run(context, asset_name, {"benchmark": bench.model_dump(), "stage": stage, "checkpoint": pointer["uri"]}) as run_id:
-        tracker.log_metrics(run_id, {**summary, **{f"vs_champion/{k}": float(v) for k, v in decision.items()}})
+        tracker.log_metrics(run_id, summary)
         tracker.log_json(run_id, per_task, "per_task_scores.json")
-        version = tracker.register_checkpoint(run_id, storage.local_path(pointer["uri"]), {
+        version = tracker.register_checkpoint(run_id, folder, {
             "stage": stage, "round": context.partition_key if context.has_partition_key else "", "checkpoint_uri": pointer["uri"],
-            "promoted": str(bool(decision["promote"])).lower(), **({"blocked_by": blocked_by} if blocked_by else {}),
+            "checkpoint_run": read_manifest(folder / MANIFEST, pointer["uri"]).get("dagster_run_id") or context.run_id,
+            **({"blocked_by": blocked_by} if blocked_by else {}),
         })
-        if decision["promote"]:
-            tracker.promote(version.version, "gate")
-        else:
-            tracker.set_alias(CHALLENGER, version.version)
+        decision, skipped = apply_gate(tracker, str(version.version), str(champion.version) if champion else None, decision)
+        tracker.log_metrics(run_id, {f"vs_champion/{k}": float(v) for k, v in decision.items()})
         rows = tracker.version_rows()  # one read of every version's run: the plot and the table
         png = pass_at_1_by_version(rows)
         table = pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f")
@@ -71,18 +73,19 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
         tracker.log_metrics(parent, {**headline, "promoted": float(decision["promote"])})
         tracker.client().set_tag(parent, "model_version", str(version.version))
     context.log.info(f"{stage} checkpoint pass@1={summary['pass_at_1']:.3f} -> version {version.version} is {'champion' if decision['promote'] else 'challenger'}"
-                     + (f" (promotion blocked: {blocked_by})" if blocked_by else ""))
+                     + (f" (promotion blocked: {blocked_by})" if blocked_by else "") + (f" (promotion skipped: {skipped})" if skipped else ""))
     level_table = pd.DataFrame([{"family_level": f"{k.split('/')[0]} {k.split('/')[1]}", "metric": k.split("/")[2], "value": v}
                                 for k, v in summary.items() if k.count("/") == 2])
     families = sorted({k.split("/")[0] for k in summary if k.count("/") == 1 and k.endswith("/pass_at_1")})
     return Output(
-        {"stage": stage, "version": str(version.version), "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), "blocked_by": blocked_by, **summary, **decision},
+        {"stage": stage, "version": str(version.version), "mlflow_run_id": run_id, "promoted": bool(decision["promote"]), "blocked_by": blocked_by,
+         "promotion_skipped": skipped, **summary, **decision},
         metadata={
             "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
             "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],
             "model_version": version.version, "alias": CHAMPION if decision["promote"] else CHALLENGER, "mlflow_run_id": run_id,
             "mlflow_run": tracker.run_link(run_id), "model_version_page": tracker.version_link(version.version),
-            "promotion_blocked_by": blocked_by or "nothing",
+            "promotion_blocked_by": blocked_by or "nothing", "promotion_skipped": skipped or "no",
             "diff_vs_champion": MetadataValue.json({k: float(v) for k, v in decision.items()}),
             **{f"{f}_pass_at_1": summary[f"{f}/pass_at_1"] for f in families},
             "by_family": MetadataValue.md(pd.DataFrame({f: {m: summary[f"{f}/{m}"] for m in ("pass_at_1", "pass_at_1_ci_low", "pass_at_1_ci_high", "tool_call_rate")}
@@ -92,6 +95,26 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
             "benchmark_table": MetadataValue.md(table),
         },
     )
+
+
+def apply_gate(tracker: MLflowTracker, version: str, compared: str | None, decision: dict) -> tuple[dict, str]:
+    """Give `version` the alias the gate decided, against `compared` (the champion the gate read).
+    The promotion is a compare-and-set (MLflowTracker.promote): if another run moved the champion
+    meanwhile, this comparison is stale, so the version becomes challenger and the reason is
+    returned (and tagged on it); `make promote` then compares it against the new champion.
+    Returns the decision as applied and why a promotion was skipped ("" if it was not)."""
+    skipped = ""
+    if compared == version:  # this checkpoint's version, promoted by an earlier attempt of this step
+        decision = {**decision, "promote": True}
+    elif decision["promote"]:
+        try:
+            tracker.promote(version, "gate", expected=compared)
+        except ChampionChanged as exc:
+            decision, skipped = {**decision, "promote": False}, str(exc)
+    if not decision["promote"]:
+        tracker.set_alias(CHALLENGER, version)
+    tracker.client().set_model_version_tag(tracker.registered_model, version, "promoted", str(bool(decision["promote"])).lower())
+    return decision, skipped
 
 
 def pass_at_1_by_version(rows: list[dict]) -> bytes:
@@ -116,5 +139,6 @@ def benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings,
     collapse = settings.config.rl.collapse
     health = round_health(rl_checkpoint, collapse)
     blocked_by = f"collapse early-warning ({', '.join(w.signal for w in health.warnings)})" if health.collapsed and collapse.action == "block" else ""
-    return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=rl_checkpoint,
-                                tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="rl", asset_name="benchmark_scores", blocked_by=blocked_by)
+    with round_lock(storage.cache_dir, context):  # no run of this round may replace the checkpoint while it is scored and registered
+        return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=rl_checkpoint,
+                                    tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="rl", asset_name="benchmark_scores", blocked_by=blocked_by)

@@ -21,7 +21,8 @@ from typing import Any, Iterator
 import fsspec
 from dagster import ConfigurableResource
 
-from assets.artifacts import MANIFEST, CorruptArtifact, atomic_folder, build_manifest, config_hash, folder_files, replace_dir, verify_folder, write_json_atomic
+from assets.artifacts import (MANIFEST, CorruptArtifact, atomic_folder, build_manifest, config_hash, filesystem, folder_files, remote_errors,
+                              replace_dir, verify_folder, write_json_atomic)
 from configs import FlywheelConfig, load_profile
 from configs.schema import SandboxConfig
 
@@ -71,15 +72,17 @@ class ArtifactStore(ConfigurableResource):
             yield folder, uri
             files = folder_files(folder)
             write_json_atomic(folder / MANIFEST, build_manifest(files, artifact, provenance))
-            fs, remote = fsspec.core.url_to_fs(uri)
+            fs, remote = filesystem(uri)
             remote = remote.rstrip("/")
-            # The old manifest goes first and the new one last: in between, a reader finds no
-            # manifest (an error it names), never new files checked against old hashes.
-            if fs.exists(f"{remote}/{MANIFEST}"):
-                fs.rm(f"{remote}/{MANIFEST}")
-            for name, path in files.items():
-                fs.put_file(str(path), f"{remote}/{name}")
-            fs.put_file(str(folder / MANIFEST), f"{remote}/{MANIFEST}")
+            # The old manifest goes first and the new one last: in between (and after an upload
+            # that failed half-way), a reader finds no manifest (an error it names), never new
+            # files checked against old hashes.
+            with remote_errors(fs, f"upload of artifact {artifact}: removing the old manifest", f"{uri}/{MANIFEST}"):
+                if fs.exists(f"{remote}/{MANIFEST}"):
+                    fs.rm(f"{remote}/{MANIFEST}")
+            for name, path in [*files.items(), (MANIFEST, folder / MANIFEST)]:
+                with remote_errors(fs, f"upload of artifact {artifact}: file", f"{uri}/{name}"):
+                    fs.put_file(str(path), f"{remote}/{name}")
 
     def local_path(self, uri: str) -> Path:
         """A local folder holding `uri`, verified against its manifest (downloaded once into the
@@ -88,7 +91,7 @@ class ArtifactStore(ConfigurableResource):
             path = Path(fsspec.core.url_to_fs(uri)[1])
             verify_folder(path, uri)
             return path
-        fs, remote = fsspec.core.url_to_fs(uri)
+        fs, remote = filesystem(uri)
         target = Path(self.cache_dir) / remote.strip("/").replace("/", "__")
         if target.exists():
             try:
@@ -99,7 +102,8 @@ class ArtifactStore(ConfigurableResource):
         target.parent.mkdir(parents=True, exist_ok=True)
         download = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
-            fs.get(remote.rstrip("/") + "/", str(download) + "/", recursive=True)
+            with remote_errors(fs, "download of artifact", uri):
+                fs.get(remote.rstrip("/") + "/", str(download) + "/", recursive=True)
             verify_folder(download, uri)
             replace_dir(download, target)
         finally:

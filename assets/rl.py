@@ -22,6 +22,7 @@ from dagster import (
 from assets.contracts import contract_check
 from assets.data import MAX_LEVEL
 from assets.io import read_stored_frame
+from assets.locks import round_lock
 from assets.plots import curves_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
 from assets.reports import sample_trajectories_md
@@ -99,6 +100,13 @@ def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_
 )
 def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
              tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
+    # One run at a time per round (assets/locks.py): a second launch stops here, before it reads or writes the round's resume state or checkpoint.
+    with round_lock(storage.cache_dir, context):
+        yield from train_round_partition(context, settings, storage, sandbox, tracker, training_tasks, sft_checkpoint, knowledge_base)
+
+
+def train_round_partition(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                          tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
     round_index = round_number(context.partition_key)

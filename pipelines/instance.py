@@ -1,13 +1,15 @@
 """The Dagster instance (dagster.yaml) a profile runs on.
 
 Local profiles: sqlite under FLYWHEEL_HOME/dagster, written on first use by `make run` and
-`make dagster-ui` (run monitoring and run retries act where the daemon runs).
+`make dagster-ui` (run monitoring, run retries and the run queue's one-run-per-round limit act
+where the daemon runs).
 
 The `cluster` profile: run, event-log and schedule storage in Postgres (the RDS instance
 infra/terraform creates; its address and credentials reach the pods as env vars from the
 `orchestration.k8s.env_secret` secret), runs launched as Kubernetes jobs (K8sRunLauncher) through
-the queued run coordinator, the same monitoring and retries, and the `gpu` pool limited to the
-GPU node group's size so queued GPU steps wait for a slot instead of a node. Print it with
+the queued run coordinator (one run per round partition at a time), the same monitoring and
+retries, and the `gpu` pool limited to the GPU node group's size so queued GPU steps wait for a
+slot instead of a node. Print it with
 
     python -m pipelines.instance --profile cluster > dagster.yaml
 
@@ -33,9 +35,18 @@ INSTANCE_CONFIG_MAP = "dagster-instance"  # the ConfigMap holding this file, mou
 RUN_MONITORING = {"enabled": True, "start_timeout_seconds": 300, "poll_interval_seconds": 60}
 RUN_RETRIES = {"enabled": True, "max_retries": 1, "retry_on_asset_or_op_failure": False}
 
+# One run per round at a time: a second launch of a round that is queued or running (from the UI,
+# a backfill, the schedule, a sensor) waits in the run queue until the first is over, instead of
+# training, writing and promoting the same round twice at once. `dagster/partition` is the tag
+# Dagster puts on every partitioned run, and the only partitions are rounds (the round job and the
+# reward audit, which so waits for the round it audits). Runs executed in-process (`make run`)
+# bypass the queue; the round's lock (assets/locks.py) refuses them instead.
+ROUND_RUN_LIMITS = [{"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+
 # The local instance. The daemon (`make dagster-ui` runs one) enforces what is here; `make run`
 # executes in-process and relies on the assets' own retry policies and resumable state.
-LOCAL_SETTINGS = yaml.safe_dump({"telemetry": {"enabled": False}, "run_monitoring": RUN_MONITORING, "run_retries": RUN_RETRIES}, sort_keys=False)
+LOCAL_SETTINGS = yaml.safe_dump({"telemetry": {"enabled": False}, "run_monitoring": RUN_MONITORING, "run_retries": RUN_RETRIES,
+                                 "concurrency": {"runs": {"tag_concurrency_limits": ROUND_RUN_LIMITS}}}, sort_keys=False)
 
 
 def cluster_settings(cfg: FlywheelConfig) -> dict[str, Any]:
@@ -51,7 +62,7 @@ def cluster_settings(cfg: FlywheelConfig) -> dict[str, Any]:
         "storage": {"postgres": {"postgres_db": {**postgres, "port": 5432}}},
         "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": launcher},
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
-        "concurrency": {"runs": {"max_concurrent_runs": k8s.max_concurrent_runs},
+        "concurrency": {"runs": {"max_concurrent_runs": k8s.max_concurrent_runs, "tag_concurrency_limits": ROUND_RUN_LIMITS},
                         "pools": {"granularity": "op", "default_limit": k8s.gpu_pool_limit}},  # `gpu` is the only pool the assets use
         "run_monitoring": RUN_MONITORING,
         "run_retries": RUN_RETRIES,

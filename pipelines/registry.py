@@ -9,6 +9,8 @@ The registry is the profile's MLflow store (FLYWHEEL_HOME/mlflow.db by default).
 the same gate as the benchmark asset: the paired CI of (version - champion) over the held-out
 tasks must clear `benchmark.promotion_margin`, and a version whose round was blocked (collapse)
 is refused too. `--force` overrides the gate and is recorded on the version (`promoted_by`).
+A gated promotion is a compare-and-set: if the champion changes while the gate compares against
+it (a round's benchmark promoting at the same moment), nothing moves and the command says so.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-from assets.tracking import CHAMPION, MLflowTracker
+from assets.locks import Busy
+from assets.tracking import CHAMPION, ChampionChanged, MLflowTracker
 from configs import ConfigError, FlywheelConfig, load_profile, parse_override
 from training.evaluate import promotion_decision
 
@@ -66,7 +69,10 @@ def promote(tracker: MLflowTracker, version: str, cfg: FlywheelConfig, *, force:
         reasons.append(f"its round was blocked ({decision['blocked_by']})")
     if reasons and not force:
         raise RegistryError(f"refused: {figures}; {' and '.join(reasons)}. Pass --force to promote anyway.")
-    tracker.promote(version, "force" if reasons else "gate")
+    try:  # gated: only over the champion the gate compared against; forced: over whoever holds it
+        tracker.promote(version, "force" if reasons else "gate", **({} if reasons else {"expected": decision["champion"]}))
+    except ChampionChanged as exc:
+        raise RegistryError(f"refused: {exc}; run `promote {version}` again to compare it against the new champion") from None
     return f"promoted v{version} to {CHAMPION}" + (f" (forced over: {'; '.join(reasons)})" if reasons else "") + f" -- {figures}"
 
 
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model, _, folder = load(tracker, args.alias, args.out)
             print(f"loaded models:/{tracker.registered_model}@{args.alias} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters")
-    except (RegistryError, LookupError, ConfigError) as exc:
+    except (RegistryError, LookupError, ConfigError, Busy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -31,13 +31,16 @@ from configs import ConfigError, flywheel_home, load_profile, parse_override
 from pipelines.instance import LOCAL_SETTINGS
 
 
-OLD_INSTANCE_SETTINGS = "telemetry:\n  enabled: false\n"  # what earlier versions wrote; upgraded in place
+# What earlier versions wrote (without monitoring; without the run queue's one-run-per-round limit): upgraded in place.
+OLD_INSTANCE_SETTINGS = ("telemetry:\n  enabled: false\n",
+                         "telemetry:\n  enabled: false\nrun_monitoring:\n  enabled: true\n  start_timeout_seconds: 300\n  poll_interval_seconds: 60\n"
+                         "run_retries:\n  enabled: true\n  max_retries: 1\n  retry_on_asset_or_op_failure: false\n")
 def prepare_home(home: Path) -> None:
     """Dagster's sqlite instance lives in FLYWHEEL_HOME/dagster; created on first use."""
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
     settings = dagster_home / "dagster.yaml"
-    if not settings.exists() or settings.read_text() == OLD_INSTANCE_SETTINGS:
+    if not settings.exists() or settings.read_text() in OLD_INSTANCE_SETTINGS:
         settings.write_text(LOCAL_SETTINGS)
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")

@@ -116,15 +116,18 @@ def test_heavy_steps_share_the_gpu_pool_and_flaky_steps_retry():
     assert definitions(**{"orchestration.max_runtime_s": 600}).resolve_job_def(RL_ROUND_JOB).tags["dagster/max_runtime"] == "600"
 
 
-def test_local_instance_monitors_and_retries_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("old", [0, 1])
+def test_local_instance_monitors_and_retries_runs(tmp_path, monkeypatch, old):
     from dagster import DagsterInstance
 
+    from pipelines.instance import LOCAL_SETTINGS
     from pipelines.run import OLD_INSTANCE_SETTINGS, prepare_home
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))  # prepare_home sets it; restored after the test
     (tmp_path / "dagster").mkdir()
-    (tmp_path / "dagster" / "dagster.yaml").write_text(OLD_INSTANCE_SETTINGS)  # an earlier version's home is upgraded
+    (tmp_path / "dagster" / "dagster.yaml").write_text(OLD_INSTANCE_SETTINGS[old])  # an earlier version's home is upgraded
     prepare_home(tmp_path)
+    assert (tmp_path / "dagster" / "dagster.yaml").read_text() == LOCAL_SETTINGS
     with DagsterInstance.from_config(str(tmp_path / "dagster")) as inst:
         assert inst.run_monitoring_enabled and inst.run_retries_enabled and inst.run_retries_max_retries == 1
 

@@ -196,8 +196,17 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
     advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
-    that carry a gradient signal. Unscorable trajectories never train."""
+    that carry a gradient signal. A group with an unscorable member never trains (docs/verifiers.md)."""
     old, metrics = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id)
+    # The whole group leaves: the unscorable member's reward is shaping only, and in the group's
+    # baseline it would act as an outcome of 0 and move its siblings' advantages.
+    unscorable = {r["group_id"] for r, s in zip(records, scores) if s["outcome"] is None}
+    metrics["rollout/unscorable_groups"] = float(len(unscorable))
+    if unscorable:
+        keep = [i for i, r in enumerate(records) if r["group_id"] not in unscorable]
+        records, scores, old = [records[i] for i in keep], [scores[i] for i in keep], [old[i] for i in keep]
+        if not records:
+            return [], metrics
     width = max(len(r["completion_ids"]) for r in records)
     old_t, engine_t, policy_mask = _padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width)
     ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id) if algo.needs_reference else None
@@ -230,9 +239,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, policy_mask))
         advantages = [[a * w for a, w in zip(adv_i, weights[i].tolist())] for i, adv_i in enumerate(advantages)]
     samples = []
-    for i, (record, score) in enumerate(zip(records, scores)):
-        if score["outcome"] is None:
-            continue
+    for i, record in enumerate(records):
         if rl.drop_zero_variance_groups and not any(advantages[i]):
             continue  # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
         samples.append(Sample(record, advantages[i], old[i], ref[i] if ref else None, values[i] if values else None, returns_list[i] if returns_list else None))

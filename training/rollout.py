@@ -302,7 +302,7 @@ class _Loop:
                             self.record_observation(episode, name, args, result)
                             if episode.done or not submit(episode):
                                 live -= finish(episode)
-        except BaseException:  # on an error too: no session may outlive the loop
+        except BaseException:  # after a failure too no session outlives the loop (and the tool batches in flight have finished)
             _end_sessions(engine, [key(e) for e in episodes], failing=True)
             raise
         _end_sessions(engine, [key(e) for e in episodes], failing=False)

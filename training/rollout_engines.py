@@ -103,12 +103,19 @@ class HFEngine:
     def close(self) -> None:
         pass
 
-    @torch.no_grad()
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
                  generator: torch.Generator | None) -> list[Generation]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._sample(sequences, budgets, stop_ids=stop_ids, sampling=sampling, generator=generator)
+        finally:  # after a failure too: the trainer's model goes back in the mode it came in
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def _sample(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
+                generator: torch.Generator | None) -> list[Generation]:
         model = self.model
-        was_training = model.training
-        model.eval()
         pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
         B, L = len(sequences), max(map(len, sequences))
         input_ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -144,7 +151,6 @@ class HFEngine:
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True)
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
-        model.train(was_training)
         return rows
 
 
@@ -362,9 +368,12 @@ class VLLMEngine:
         engine.engine_core.add_request(core)
 
     def end(self, key: str) -> None:
-        """The episode is over: free the KV cache its session holds."""
+        """The episode is over, or abandoned: free what the engine holds for it (the KV cache of its
+        session, a turn still in flight). A closed engine holds nothing any more."""
         self._sampled.pop(key, None)
-        if self._sessions.pop(key, None) is not None:
+        held = self._sessions.pop(key, None) is not None
+        held |= self._running.pop(key, None) is not None
+        if held and self.llm is not None:
             self.llm.llm_engine.abort_request([key])
 
     def poll(self) -> list[tuple[str, Generation]]:
