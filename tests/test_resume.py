@@ -62,3 +62,32 @@ def test_state_of_another_config_is_not_resumed(tmp_path):
     assert load_state(tmp_path, "fingerprint-b") is None
     save_state(tmp_path, 4, "fingerprint-a", {"policy": Engine()}, random.Random(0), torch.Generator(), RoundResult())
     assert [p.name for p in tmp_path.glob("step-*")] == ["step-00004"]  # older states are pruned
+
+
+@pytest.mark.parametrize("damage", ["altered", "truncated", "missing", "extra"])
+def test_damaged_state_is_refused_naming_the_file(tmp_path, damage):
+    import random
+
+    from training.rl_loop import RoundResult
+    from training.state import CorruptState, load_state, save_state
+
+    class Engine:
+        def save_state(self, path):
+            Path(path).mkdir(parents=True)
+            torch.save({"weights": torch.arange(1000.0)}, Path(path) / "engine.pt")
+
+    save_state(tmp_path, 3, "key", {"policy": Engine()}, random.Random(0), torch.Generator(), RoundResult())
+    target = tmp_path / "step-00003" / "policy" / "engine.pt"
+    if damage == "altered":
+        data = bytearray(target.read_bytes())
+        data[-10] ^= 0xFF
+        target.write_bytes(bytes(data))
+    elif damage == "truncated":
+        target.write_bytes(target.read_bytes()[:100])
+    elif damage == "missing":
+        target.unlink()
+    else:
+        (target.parent / "stray.bin").write_bytes(b"x")
+    with pytest.raises(CorruptState, match="stray.bin" if damage == "extra" else "policy/engine.pt") as error:
+        load_state(tmp_path, "key")
+    assert f"delete {tmp_path}" in str(error.value)

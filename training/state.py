@@ -1,6 +1,7 @@
 """Resumable training state: what a loop killed mid-way (SFT, an RL round) needs to continue bit
 for bit on re-execution. Kept on local disk next to the artifact cache (`cache/sft-state`,
-`cache/rl-state/round-N`), one folder per saved step, and removed once the loop's output exists."""
+`cache/rl-state/round-N`), one folder per saved step, and removed once the loop's output exists.
+Each folder carries a MANIFEST.json (sha256 and size per file), checked before it is resumed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,23 @@ import shutil
 from pathlib import Path
 
 import torch
+
+MANIFEST = "MANIFEST.json"
+
+
+class CorruptState(RuntimeError):
+    """A saved state no longer matches its manifest: resuming from it would train on damaged weights."""
+
+
+def _digests(folder: Path) -> dict[str, dict]:
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        out[path.relative_to(folder).as_posix()] = {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
+    return out
 
 
 def fingerprint(**parts) -> str:
@@ -32,6 +50,7 @@ def save_state(state_dir: Path, step: int, key: str, engines: dict, rng: random.
         engine.save_state(tmp / name)
     torch.save({"step": step, "fingerprint": key, "python_rng": rng.getstate() if rng else None, "generator": generator.get_state(),
                 "torch_rng": torch.get_rng_state(), "result": progress}, tmp / "loop.pt")
+    (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     latest_tmp = state_dir / ".LATEST.tmp"
@@ -47,7 +66,13 @@ def load_state(state_dir: Path | None, key: str) -> tuple[Path, dict] | None:
     if state_dir is None or not (state_dir / "LATEST").exists():
         return None
     folder = state_dir / (state_dir / "LATEST").read_text().strip()
-    loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state
+    expected = json.loads((folder / MANIFEST).read_text()) if (folder / MANIFEST).exists() else None
+    found = _digests(folder) if folder.is_dir() else {}
+    if expected != found:
+        damaged = sorted(name for name in {*(expected or {}), *found} if (expected or {}).get(name) != found.get(name))
+        raise CorruptState(f"resume state {folder} does not match its manifest ({'no manifest' if expected is None else 'files ' + ', '.join(damaged)}): "
+                           f"delete {state_dir} to start this loop over, then re-execute")
+    loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state, checked above
     if loop["fingerprint"] != key:
         return None  # another config or run: never resume across them
     return folder, loop
