@@ -10,7 +10,8 @@
      forward passes) and `run_update` (one optimizer step over the batch, GRPO's loss), 256
      trajectories (32 prompts x 8; 8 x 8 at 20m/50m) of 144 tokens.
    Model FLOPs: 6 N tokens for a training step, 2 N tokens for a forward pass, N = the parameters
-   of every matmul (each Linear, the LM head included; the embedding lookup is not a matmul);
+   of every matmul (each Linear; the embedding lookup is not a matmul). The LM head counts on
+   completion tokens only: `completion_logits` runs it on no prompt position (logits_to_keep);
    attention's QK^T and AV are left out, as in the 6ND convention. MFU = model FLOP/s / the
    limit of the precision the step ran in. Each figure is the median over `--steps` steps after
    one warm-up step.
@@ -63,6 +64,12 @@ def matmul_parameters(model) -> int:
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
+def model_flops(model, passes: int, prompt_tokens: int, completion_tokens: int) -> float:
+    """passes x (N_body x every token + N_head x completion tokens): the head sees no prompt position."""
+    head = model.get_output_embeddings().weight.numel()
+    return passes * ((matmul_parameters(model) - head) * (prompt_tokens + completion_tokens) + head * completion_tokens)
+
+
 def synthetic_ids(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     import torch
 
@@ -82,7 +89,7 @@ def sft_steps(model, cfg, steps: int) -> tuple[list[float], int]:
     stamps = [time.perf_counter()]
     sft = cfg.sft.model_copy(update={"steps": steps + 1, "log_every": 1, "warmup_steps": 0})
     train_sft(model, examples, sft, pad_id=0, seed=0, engine_cfg=cfg.engine, on_log=lambda step, m: stamps.append(time.perf_counter()))
-    return [b - a for a, b in zip(stamps[1:], stamps[2:])], cfg.sft.batch_size * (PROMPT + SFT_COMPLETION)
+    return [b - a for a, b in zip(stamps[1:], stamps[2:])], (cfg.sft.batch_size * PROMPT, cfg.sft.batch_size * SFT_COMPLETION)
 
 
 def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float], int]:
@@ -106,13 +113,13 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
     for _ in range(steps + 1):
         start = time.perf_counter()
         samples, _ = prepare_samples(records, scores, algo, rl, policy=engine.model, reference=reference, critic=None,
-                                     temperature=cfg.rollout.temperature, pad_id=0)
+                                     temperature=cfg.rollout.temperature, pad_id=0, max_tokens=cfg.engine.micro_batch_tokens)
         mid = time.perf_counter()
-        run_update(engine, samples, loss_fn, minibatches=rl.minibatches, micro_batch_size=cfg.engine.micro_batch_size,
+        run_update(engine, samples, loss_fn, minibatches=rl.minibatches, micro_batch_size=cfg.engine.micro_batch_size, max_tokens=cfg.engine.micro_batch_tokens,
                    generator=torch.Generator().manual_seed(0), prefix="actor")
         prep.append(mid - start)
         update.append(time.perf_counter() - mid)
-    return prep[1:], update[1:], n * (PROMPT + RL_COMPLETION)
+    return prep[1:], update[1:], (n * PROMPT, n * RL_COMPLETION)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             peak = limit[precision]
             for stage, times, tokens, passes in (("SFT step", sft, sft_tokens, 6), ("RL old+ref log-probs", prep, rl_tokens, 4), ("RL update", update, rl_tokens, 6)):
                 median = statistics.median(times)
-                flops = passes * n_params * tokens / median
-                rows.append({"size": size, "precision": precision, "matmul_params_m": round(n_params / 1e6, 2), "stage": stage, "tokens": tokens,
+                flops = model_flops(model, passes, *tokens) / median
+                rows.append({"size": size, "precision": precision, "matmul_params_m": round(n_params / 1e6, 2), "stage": stage, "tokens": sum(tokens),
                              "median_s": round(median, 4), "spread_s": [round(min(times), 4), round(max(times), 4)],
                              "model_gflops": round(flops / 1e9, 2), "peak_gflops": round(peak / 1e9, 2), "mfu": round(flops / peak, 3)})
-                print(f"[mfu] {size} {precision} {stage}: {median:.3f}s for {tokens} tokens, {flops / 1e9:.1f} GFLOP/s = {flops / peak:.1%} of the matmul limit", flush=True)
+                print(f"[mfu] {size} {precision} {stage}: {median:.3f}s for {sum(tokens)} tokens, {flops / 1e9:.1f} GFLOP/s = {flops / peak:.1%} of the matmul limit", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mfu.json").write_text(json.dumps({"command": " ".join(["benchmarks/mfu.py", *(argv or sys.argv[1:])]),
                                                     "matmul_flops": {k: {str(n): v for n, v in by_n.items()} for k, by_n in peaks.items()}, "rows": rows}, indent=1))

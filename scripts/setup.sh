@@ -2,6 +2,7 @@
 # Idempotent set-up: system packages, then .venv with pinned Python packages.
 # A second call with nothing changed returns in about a second (stamp file keyed on the pins).
 # Test-only extras, for `make test`: --browser (Chromium) and --tools (checkov in .venv-tools).
+# --bench: the `bench` extra (TRL, for benchmarks/trl_side_by_side.py); never needed by the product or tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,11 +13,13 @@ want=$(cat pyproject.toml requirements.lock scripts/setup.sh | sha256sum | cut -
 
 BROWSER=0
 TOOLS=0
+BENCH=0
 for arg in "$@"; do
   case "$arg" in
     --browser) BROWSER=1 ;;
     --tools) TOOLS=1 ;;
-    *) echo "usage: $0 [--browser] [--tools]" >&2; exit 2 ;;
+    --bench) BENCH=1 ;;
+    *) echo "usage: $0 [--browser] [--tools] [--bench]" >&2; exit 2 ;;
   esac
 done
 
@@ -49,7 +52,18 @@ if [ "$TOOLS" = 1 ] && [ "$(cat "$TOOLS_VENV/.setup-stamp" 2>/dev/null)" != "$CH
   echo "$CHECKOV_PIN" > "$TOOLS_VENV/.setup-stamp"
 fi
 
+# 1d. `--bench`: the benchmark-only extra into .venv (after the venv exists; see the end).
+bench_extra() {
+  if [ "$BENCH" = 1 ] && [ "$(cat "$VENV/.bench-stamp" 2>/dev/null)" != "$want" ]; then
+    echo "[setup] installing the bench extra (TRL) into $VENV"
+    "$VENV/bin/pip" install -q -c requirements.lock -e ".[dev,bench]"
+    "$VENV/bin/python" -c "import trl; print('[setup] ok: trl', trl.__version__)"
+    echo "$want" > "$VENV/.bench-stamp"
+  fi
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  bench_extra
   exit 0
 fi
 
@@ -66,3 +80,4 @@ echo "[setup] creating $VENV (first time takes ~4 minutes)"
 
 "$VENV/bin/python" -c "import torch, transformers, dagster, mlflow, great_expectations; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'dagster', dagster.__version__, 'mlflow', mlflow.__version__)"
 echo "$want" > "$STAMP"
+bench_extra

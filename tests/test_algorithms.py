@@ -11,7 +11,8 @@ from configs.schema import RewardConfig, RLConfig
 from environments.tools import CodeInterpreter, toolbox
 from training.algorithms import ALGORITHMS, resolve_algorithm
 from training.model import build_model
-from training.rl_loop import _first_spread_groups, informative_groups, prepare_samples, recorded_logprobs, token_rewards, train_round
+from training.rl_loop import (_first_spread_groups, informative_groups, on_policy_metrics, policy_loss_fn, prepare_samples, recorded_logprobs,
+                              reuses_update_logprobs, run_update, token_rewards, train_round)
 from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, kl_penalty
 from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
@@ -127,6 +128,42 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
     plain = get_advantage_estimator("rloo")(torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))]))
     torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples_loss]), plain)
     assert samples_loss[0].ref_logprobs == pytest.approx(ref[0])
+
+
+def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micro_cfg):
+    """One optimizer step per batch: no separate old-log-prob pass, and the same update, mismatch
+    and KL as with it (the recomputed old log-probs are the update's own, up to batching noise)."""
+    import copy
+
+    from configs.schema import EngineConfig
+    from training.engines import build_engine
+
+    policy, tok, records, scores = rollout_batch
+    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=5).requires_grad_(False)
+    rl = RLConfig(algorithm="grpo", minibatches=1, drop_zero_variance_groups=False)
+    algo = resolve_algorithm(rl)
+    assert reuses_update_logprobs(algo, rl)
+    assert not reuses_update_logprobs(algo, rl.model_copy(update={"minibatches": 2}))  # the second minibatch is off-policy
+    assert not reuses_update_logprobs(algo, rl.model_copy(update={"tis_cap": 2.0}))
+    assert not reuses_update_logprobs(resolve_algorithm(RLConfig(algorithm="rloo")), RLConfig(algorithm="rloo", minibatches=1))  # KL in the reward
+    runs = {}
+    for name, cfg in (("reuse", rl), ("recompute", rl.model_copy(update={"minibatches": 2}))):
+        model = copy.deepcopy(policy)
+        samples, metrics = prepare_samples(records, scores, algo, cfg, policy=model, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+        engine = build_engine(model, EngineConfig(), lr=1e-2, grad_clip=1.0)
+        stats: dict = {}
+        update = run_update(engine, samples, policy_loss_fn(engine, algo, temperature=1.0, pad_id=tok.eos_token_id, max_tokens=256, stats=stats),
+                            minibatches=1, micro_batch_size=None, generator=torch.Generator().manual_seed(0), prefix="actor")
+        runs[name] = (samples, metrics | on_policy_metrics(stats), update, model)
+    (reuse_samples, reuse_metrics, reuse_update, reuse_model), (old_samples, old_metrics, old_update, old_model) = runs["reuse"], runs["recompute"]
+    assert all(s.old_logprobs is None for s in reuse_samples) and all(s.old_logprobs is not None for s in old_samples)
+    assert reuse_update["loss/policy"] == pytest.approx(old_update["loss/policy"], abs=1e-5)
+    for a, b in zip(reuse_model.parameters(), old_model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert not torch.equal(next(reuse_model.parameters()), next(policy.parameters()))  # the update did move the weights
+    for key in ("rollout/logprob_mismatch_max", "rollout/logprob_mismatch_mean", "actor/kl_ref"):
+        assert reuse_metrics[key] == pytest.approx(old_metrics[key], abs=1e-5), key
+    assert reuse_metrics["actor/kl_ref"] > 0
 
 
 def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):

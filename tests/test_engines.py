@@ -162,6 +162,20 @@ def test_shard_is_strided_and_covers_the_batch():
     assert micro_batches(rows, None) == [rows]
 
 
+def test_token_budget_micro_batches_sort_and_bound_padding():
+    rows = [(5, 3), (20, 80), (5, 2), (6, 10), (30, 100), (4, 4), (6, 9)]
+    chunks = micro_batches(rows, None, max_tokens=60, shape=lambda r: r)
+    assert sorted(r for c in chunks for r in c) == sorted(rows)  # every row once
+    assert chunks[0] == [(5, 2), (5, 3), (4, 4), (6, 9)]  # shortest first; 4 x (6 + 9) = 60 fits, (6, 10) would not
+    for chunk in chunks:  # padded as collate pads: rows x (longest prompt + longest completion)
+        padded = len(chunk) * (max(p for p, _ in chunk) + max(c for _, c in chunk))
+        assert padded <= 60 or len(chunk) == 1
+    assert [(20, 80)] in chunks and [(30, 100)] in chunks  # over the budget alone: a chunk of one
+    assert all(len(c) <= 2 for c in micro_batches(rows, 2, max_tokens=10_000, shape=lambda r: r))  # both limits hold
+    with pytest.raises(ValueError, match="max_tokens"):
+        micro_batches(rows, None, max_tokens=0, shape=lambda r: r)
+
+
 def test_accumulate_step_refuses_an_empty_shard():
     engine = dc.make_engine(EngineConfig())
     with pytest.raises(ValueError, match="no rows"):
@@ -179,6 +193,15 @@ def test_torch_grad_accumulation_is_exact_in_float64():
     assert losses[3] == pytest.approx(losses[None], rel=1e-6) and losses[1] == pytest.approx(losses[None], rel=1e-6)
     assert losses[None][-1] < losses[None][0]
     assert max_abs_diff(runs[None][1], dc.tiny_model(0, torch.float64).state_dict()) > 1e-3  # measured 1.8e-2
+
+
+def test_token_budget_accumulation_is_exact_in_float64():
+    """Length-sorted chunks under a padded-token budget train exactly like the whole batch."""
+    whole = dc.run_check(EngineConfig(micro_batch_tokens=None), steps=STEPS, dtype=torch.float64)
+    for budget in (16, 40):
+        assert_same_training(whole, dc.run_check(EngineConfig(micro_batch_tokens=budget), steps=STEPS, dtype=torch.float64),
+                             atol=FP64_ATOL, norm_rtol=1e-10)
+    assert len(micro_batches(dc.synthetic_batch(), None, max_tokens=40, shape=dc.shape)) > 2  # the budget really split the batch
 
 
 def test_torch_grad_accumulation_fp32():

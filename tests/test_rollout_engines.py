@@ -233,6 +233,23 @@ def test_hf_engine_serves_the_trainers_weights(warm_policy):
         assert torch.equal(a, b)
 
 
+def test_hf_engine_drops_stopped_rows_and_generates_as_each_row_alone():
+    """Rows stopping at different steps leave the batch (and its KV cache) once half have
+    stopped; greedy output and log-probs stay those of each row generated alone."""
+    from training.distributed_check import tiny_model
+
+    engine = HFEngine(tiny_model(seed=3).eval())
+    g = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(1, 64, (int(n),), generator=g).tolist() for n in torch.randint(2, 9, (12,), generator=g)]
+    budgets = [1, 2, 3, 24, 5, 24, 2, 7, 24, 1, 24, 4]  # most rows stop early, four run on
+    greedy = Sampling(greedy=True)
+    batched = engine.generate(sequences, budgets, stop_ids={63}, sampling=greedy, generator=None)
+    for seq, budget, out in zip(sequences, budgets, batched):
+        alone = engine.generate([seq], [budget], stop_ids={63}, sampling=greedy, generator=None)[0]
+        assert out.ids == alone.ids and len(out.ids) == budget
+        assert out.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
 # --------------------------------------------------------------------------- the agent loop
 def test_batch_cap_lets_waiting_episodes_join_as_others_finish(warm_policy, micro_cfg):
     tok = warm_policy.tokenizer

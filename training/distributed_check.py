@@ -100,13 +100,18 @@ def rl_loss_fn(module: torch.nn.Module) -> LossFn:
 LOSSES: dict[str, Callable[[torch.nn.Module], LossFn]] = {"sft": sft_loss_fn, "rl": rl_loss_fn}
 
 
+def shape(row: dict) -> tuple[int, int]:
+    return len(row["prompt_ids"]), len(row["completion_ids"])
+
+
 def train(engine: TrainEngine, rows: list[dict], *, steps: int, micro_batch_size: int | None, loss: str = "sft",
-          count: CountFn = count_fn) -> list[dict[str, float]]:
+          count: CountFn = count_fn, max_tokens: int | None = None) -> list[dict[str, float]]:
     """`steps` optimizer steps, each over the whole global batch `rows`, sharded across ranks."""
     engine.train()
     loss_fn = LOSSES[loss](engine.module)
     mine = shard(rows, engine.rank, engine.world_size)
-    return [accumulate_step(engine, mine, loss_fn, count, micro_batch_size=micro_batch_size) for _ in range(steps)]
+    return [accumulate_step(engine, mine, loss_fn, count, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=shape)
+            for _ in range(steps)]
 
 
 def lr_schedule(step: int) -> float:
@@ -124,7 +129,7 @@ def run_check(cfg: EngineConfig, *, steps: int, num_rows: int = 8, loss: str = "
     """(JSON-able summary, final full state_dict) of one run; collective over all ranks."""
     engine = make_engine(cfg, seed=seed, dtype=dtype)
     history = train(engine, synthetic_batch(num_rows, seed), steps=steps, micro_batch_size=cfg.micro_batch_size,
-                    loss=loss)
+                    loss=loss, max_tokens=cfg.micro_batch_tokens)
     state = engine.model_state_dict()
     summary = {
         "engine": cfg.kind, "zero_stage": cfg.zero_stage, "micro_batch_size": cfg.micro_batch_size,

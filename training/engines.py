@@ -411,13 +411,41 @@ def shard(rows: list, rank: int, world_size: int) -> list:
     return rows[rank::world_size]
 
 
-def micro_batches(rows: list, micro_batch_size: int | None) -> list[list]:
-    """Consecutive chunks of `micro_batch_size` rows (the last may be shorter); None: one chunk."""
-    if micro_batch_size is None:
-        return [rows] if rows else []
-    if micro_batch_size < 1:
+def micro_batches(rows: list, micro_batch_size: int | None, *, max_tokens: int | None = None,
+                  shape: Callable[[Any], tuple[int, int]] | None = None) -> list[list]:
+    """The rows of one forward/backward each.
+
+    Without `max_tokens`: consecutive chunks of `micro_batch_size` rows (the last may be shorter);
+    None: one chunk. With `max_tokens` (and `shape(row)` = its prompt and completion lengths): the
+    rows sorted by length, then cut so that each chunk's padded size, rows x (longest prompt +
+    longest completion) as `collate` pads it, stays within `max_tokens` (and within
+    `micro_batch_size` rows if set); a row over the budget on its own is a chunk alone. Sorted
+    chunks are mostly real tokens: an RL batch of short answers with a few long tool episodes is
+    otherwise ~4x padding at `tiny` (verl's dynamic batch size does the same)."""
+    if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    return [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    if max_tokens is None:
+        if micro_batch_size is None:
+            return [rows] if rows else []
+        return [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    if max_tokens < 1 or shape is None:
+        raise ValueError(f"max_tokens must be >= 1 and come with a shape function, got max_tokens={max_tokens}")
+    shapes = [shape(row) for row in rows]
+    order = sorted(range(len(rows)), key=lambda i: (sum(shapes[i]), i))
+    chunks: list[list] = []
+    chunk: list[int] = []
+    widest = (0, 0)
+    for i in order:
+        grown = (max(widest[0], shapes[i][0]), max(widest[1], shapes[i][1]))
+        full = micro_batch_size is not None and len(chunk) >= micro_batch_size
+        if chunk and (full or (len(chunk) + 1) * sum(grown) > max_tokens):
+            chunks.append([rows[j] for j in chunk])
+            chunk, grown = [], shapes[i]
+        chunk.append(i)
+        widest = grown
+    if chunk:
+        chunks.append([rows[j] for j in chunk])
+    return chunks
 
 
 def _per_rank(engine: TrainEngine, values: list[int]) -> list[list[int]]:
@@ -429,7 +457,8 @@ def _per_rank(engine: TrainEngine, values: list[int]) -> list[list[int]]:
 
 
 def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: CountFn, *,
-                    micro_batch_size: int | None) -> dict[str, float]:
+                    micro_batch_size: int | None, max_tokens: int | None = None,
+                    shape: Callable[[Any], tuple[int, int]] | None = None) -> dict[str, float]:
     """ONE optimizer step over `rows`, this rank's share of a minibatch.
 
     1. global counts: sum of count_fn over this rank's micro-batches, summed over ranks;
@@ -440,7 +469,7 @@ def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: 
     exactly the minibatch loss whatever the split; plus the engine's grad_norm and lr. Every
     rank's loss_fn must report the same metric names (they are summed in one collective).
     """
-    chunks = micro_batches(rows, micro_batch_size)
+    chunks = micro_batches(rows, micro_batch_size, max_tokens=max_tokens, shape=shape)
     rows_per_rank, chunks_per_rank = _per_rank(engine, [len(rows), len(chunks)])
     if min(rows_per_rank) == 0:
         raise ValueError(f"a rank has no rows (rows per rank: {rows_per_rank}); the minibatch must have at "

@@ -25,7 +25,7 @@ from environments.tools import Tool
 from training.algorithms import Algorithm, resolve_algorithm
 from training.critic import critic_from_policy, token_values
 from training.curriculum import sample_prompts
-from training.engines import accumulate_step, build_engine, check_single_process, shard
+from training.engines import accumulate_step, build_engine, check_single_process, micro_batches, shard
 from training.rl_math import (
     agg_loss, entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, logprob_mismatch,
     masked_mean, tis_weights, token_logprobs, value_loss,
@@ -54,7 +54,7 @@ class Sample:
 
     record: dict
     advantages: list[float]
-    old_logprobs: list[float]  # the trainer's log-probs of the recorded tokens before the update
+    old_logprobs: list[float] | None  # the trainer's log-probs before the update; None: the update's own (on-policy, see reuses_update_logprobs)
     ref_logprobs: list[float] | None = None
     old_values: list[float] | None = None
     returns: list[float] | None = None
@@ -155,69 +155,96 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
 
 
 # --------------------------------------------------------------------------- model passes
+def _record_shape(record: dict) -> tuple[int, int]:
+    return len(record["prompt_ids"]), len(record["completion_ids"])
+
+
+def _per_token(records: list[dict], fn: Callable, *, pad_id: int, batch_size: int, max_tokens: int | None) -> list[list[float]]:
+    """fn(batch) -> (rows, width) per completion token, for every record, in record order; computed
+    in chunks of at most `batch_size` rows (and `max_tokens` padded tokens, length-sorted)."""
+    index = {id(r): i for i, r in enumerate(records)}
+    out: list[list[float]] = [[] for _ in records]
+    for rows in micro_batches(records, batch_size, max_tokens=max_tokens, shape=_record_shape):
+        batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
+        values = fn(batch)
+        for j, r in enumerate(rows):
+            out[index[id(r)]] = values[j, : len(r["completion_ids"])].tolist()
+    return out
+
+
 @torch.no_grad()
-def recorded_logprobs(model, records: list[dict], *, temperature: float, pad_id: int, batch_size: int = 64) -> list[list[float]]:
+def recorded_logprobs(model, records: list[dict], *, temperature: float, pad_id: int, batch_size: int = 64,
+                      max_tokens: int | None = None) -> list[list[float]]:
     """log pi(recorded token) for every completion token of every record, in batches."""
-    out: list[list[float]] = []
-    for i in range(0, len(records), batch_size):
-        rows = records[i : i + batch_size]
-        batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
-        logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature)
-        out += [logprobs[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(rows)]
-    return out
+    return _per_token(records, lambda batch: token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature),
+                      pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
 
 
 @torch.no_grad()
-def recorded_values(critic, records: list[dict], *, pad_id: int, batch_size: int = 64) -> list[list[float]]:
-    out: list[list[float]] = []
-    for i in range(0, len(records), batch_size):
-        rows = records[i : i + batch_size]
-        batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
-        values = token_values(critic, batch)
-        out += [values[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(rows)]
-    return out
+def recorded_values(critic, records: list[dict], *, pad_id: int, batch_size: int = 64, max_tokens: int | None = None) -> list[list[float]]:
+    return _per_token(records, lambda batch: token_values(critic, batch), pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
+
+
+def _policy_token_mean(per_token: list[list[float]], records: list[dict]) -> float:
+    values = [v for r, vs in zip(records, per_token) for v, m in zip(vs, r["tool_mask"]) if m]
+    return sum(values) / max(1, len(values))
 
 
 def _kl_per_token(behaviour: list[float], ref: list[float], estimator: str) -> list[float]:
     return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), estimator).tolist()
 
 
-def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int) -> tuple[list[list[float]], dict[str, float]]:
+def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int,
+                max_tokens: int | None = None) -> tuple[list[list[float]], dict[str, float]]:
     """The trainer's log-probs of the recorded tokens, and how far the rollout engine's behaviour
     log-probs are from them on policy tokens (`rollout/logprob_mismatch_*`, every step)."""
-    old = recorded_logprobs(policy, records, temperature=temperature, pad_id=pad_id)
+    old = recorded_logprobs(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
     width = max(len(r["completion_ids"]) for r in records)
     gap = logprob_mismatch(_padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width))
     return old, {"rollout/logprob_mismatch_max": gap["max"], "rollout/logprob_mismatch_mean": gap["mean"]}
 
 
+def reuses_update_logprobs(algo: Algorithm, rl: RLConfig) -> bool:
+    """Strictly on-policy: one optimizer step per batch, and nothing needs the old log-probs
+    before the update (no KL in the reward, no critic, no importance weights). The update's own
+    log-probs, detached, are then exactly the old ones (ratio 1, as TRL and verl use them), so
+    the pass that recomputes them is skipped: one forward of the batch in five (ref, old, and the
+    update's forward + backward). The engine/trainer mismatch and the KL to the reference are
+    then measured in the update, from the same log-probs (`policy_loss_fn`'s `stats`)."""
+    return rl.minibatches == 1 and rl.tis_cap is None and not algo.critic and not (algo.needs_reference and algo.kl_placement == "reward")
+
+
 def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, policy, reference, critic, temperature: float,
-                    pad_id: int) -> tuple[list[Sample], dict[str, float]]:
+                    pad_id: int, max_tokens: int | None = None) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
     advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
-    that carry a gradient signal. A group with an unscorable member never trains (docs/verifiers.md)."""
-    old, metrics = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id)
+    that carry a gradient signal. A group with an unscorable member never trains (docs/verifiers.md).
+    `max_tokens`: padded tokens per forward pass (engine.micro_batch_tokens)."""
+    if reuses_update_logprobs(algo, rl):
+        old, metrics = None, {}
+    else:
+        old, metrics = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
     # The whole group leaves: the unscorable member's reward is shaping only, and in the group's
     # baseline it would act as an outcome of 0 and move its siblings' advantages.
     unscorable = {r["group_id"] for r, s in zip(records, scores) if s["outcome"] is None}
     metrics["rollout/unscorable_groups"] = float(len(unscorable))
     if unscorable:
         keep = [i for i, r in enumerate(records) if r["group_id"] not in unscorable]
-        records, scores, old = [records[i] for i in keep], [scores[i] for i in keep], [old[i] for i in keep]
+        records, scores = [records[i] for i in keep], [scores[i] for i in keep]
+        old = [old[i] for i in keep] if old is not None else None
         if not records:
             return [], metrics
     width = max(len(r["completion_ids"]) for r in records)
-    old_t, engine_t, policy_mask = _padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width)
-    ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id) if algo.needs_reference else None
-    kl = [_kl_per_token(old_i, ref_i, algo.kl_estimator) for old_i, ref_i in zip(old, ref)] if ref else None
+    policy_mask = _padded([r["tool_mask"] for r in records], width)
+    ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens) if algo.needs_reference else None
+    kl = [_kl_per_token(old_i, ref_i, algo.kl_estimator) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
     if kl:
-        policy_kl = [k for r, ks in zip(records, kl) for k, m in zip(ks, r["tool_mask"]) if m]
-        metrics["actor/kl_ref"] = sum(policy_kl) / max(1, len(policy_kl))
+        metrics["actor/kl_ref"] = _policy_token_mean(kl, records)
     in_reward = algo.kl_coef if (kl and algo.kl_placement == "reward") else 0.0
     rewards = [s["reward"] for s in scores]
     if algo.critic:
-        values = recorded_values(critic, records, pad_id=pad_id)
+        values = recorded_values(critic, records, pad_id=pad_id, max_tokens=max_tokens)
         per_token = [token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
                      for i, (r, reward) in enumerate(zip(records, rewards))]
         mask = policy_mask
@@ -235,14 +262,20 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         advantages = [[a] * len(r["completion_ids"]) for a, r in zip(seq_adv.tolist(), records)]
         values = returns_list = None
     if rl.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
-        weights = tis_weights(old_t, engine_t, policy_mask, rl.tis_cap)
+        weights = tis_weights(_padded(old, width), _padded([r["logprobs"] for r in records], width), policy_mask, rl.tis_cap)
         metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, policy_mask))
         advantages = [[a * w for a, w in zip(adv_i, weights[i].tolist())] for i, adv_i in enumerate(advantages)]
     samples = []
     for i, record in enumerate(records):
         if rl.drop_zero_variance_groups and not any(advantages[i]):
             continue  # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
-        samples.append(Sample(record, advantages[i], old[i], ref[i] if ref else None, values[i] if values else None, returns_list[i] if returns_list else None))
+        samples.append(Sample(record, advantages[i], old[i] if old is not None else None, ref[i] if ref else None, values[i] if values else None,
+                              returns_list[i] if returns_list else None))
+    if old is None and not samples:  # no update will measure them: the engine gap and KL as without reuse
+        old, gap = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
+        metrics |= gap
+        if ref:
+            metrics["actor/kl_ref"] = _policy_token_mean([_kl_per_token(o, r, algo.kl_estimator) for o, r in zip(old, ref)], records)
     return samples, metrics
 
 
@@ -257,7 +290,9 @@ def _collate(samples: list[Sample], pad_id: int):
     return collate([s.record["prompt_ids"] for s in samples], [s.record["completion_ids"] for s in samples], [s.record["tool_mask"] for s in samples], pad_id)
 
 
-def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, max_tokens: int) -> Callable:
+def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, max_tokens: int, stats: dict[str, float] | None = None) -> Callable:
+    """`stats`: where, for samples without old log-probs (reuses_update_logprobs), the update's own
+    log-probs are measured against the engine's and the reference's (sums, see `on_policy_metrics`)."""
     policy_loss = get_policy_loss(algo.policy_loss)
 
     def loss_fn(samples: list[Sample], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -267,7 +302,13 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
         logprobs = token_logprobs(logits, batch.completion_ids, temperature)
         mask = batch.loss_mask
         norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": max_tokens}
-        loss, metrics = policy_loss(logprobs, _padded([s.old_logprobs for s in samples], width), _padded([s.advantages for s in samples], width), mask,
+        if samples[0].old_logprobs is None:
+            old = logprobs.detach()
+            if stats is not None:
+                _measure_on_policy(stats, old, samples, mask, width, algo.kl_estimator)
+        else:
+            old = _padded([s.old_logprobs for s in samples], width)
+        loss, metrics = policy_loss(logprobs, old, _padded([s.advantages for s in samples], width), mask,
                                     clip_low=algo.clip_low, clip_high=algo.clip_high, agg_mode=algo.loss_agg_mode, **norm)
         out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/approx_kl": metrics["approx_kl"]}
         if algo.needs_reference and algo.kl_placement == "loss":
@@ -279,6 +320,29 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
         return loss, out
 
     return loss_fn
+
+
+def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: list[Sample], mask: torch.Tensor, width: int, estimator: str) -> None:
+    """Accumulates, over one micro-batch's policy tokens, what `trainer_gap` and `prepare_samples`
+    would have measured from a separate old-log-prob pass."""
+    m = mask.bool()
+    gap = (trainer - _padded([s.record["logprobs"] for s in samples], width)).abs()[m]
+    stats["tokens"] = stats.get("tokens", 0.0) + float(m.sum())
+    stats["gap_sum"] = stats.get("gap_sum", 0.0) + float(gap.sum())
+    stats["gap_max"] = max(stats.get("gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
+    if samples[0].ref_logprobs is not None:
+        kl = kl_penalty(trainer, _padded([s.ref_logprobs for s in samples], width), estimator)[m]
+        stats["kl_sum"] = stats.get("kl_sum", 0.0) + float(kl.sum())
+
+
+def on_policy_metrics(stats: dict[str, float]) -> dict[str, float]:
+    """The mismatch and KL metrics from the sums `_measure_on_policy` collected ({} if none)."""
+    if not stats.get("tokens"):
+        return {}
+    out = {"rollout/logprob_mismatch_max": stats["gap_max"], "rollout/logprob_mismatch_mean": stats["gap_sum"] / stats["tokens"]}
+    if "kl_sum" in stats:
+        out["actor/kl_ref"] = stats["kl_sum"] / stats["tokens"]
+    return out
 
 
 def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
@@ -293,8 +357,12 @@ def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
     return loss_fn
 
 
+def _sample_shape(sample: Sample) -> tuple[int, int]:
+    return _record_shape(sample.record)
+
+
 def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches: int, micro_batch_size: int | None,
-               generator: torch.Generator, prefix: str) -> dict[str, float]:
+               generator: torch.Generator, prefix: str, max_tokens: int | None = None) -> dict[str, float]:
     """`minibatches` optimizer steps over shuffled, disjoint minibatches (PPO's inner epoch). Each
     minibatch is split over ranks and micro-batches; the loss is normalized by its global counts,
     so the update does not depend on how it is split (tests/test_engines.py)."""
@@ -304,7 +372,7 @@ def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches:
     sums: dict[str, float] = {}
     for chunk in chunks:
         mine = shard([samples[i] for i in chunk], engine.rank, engine.world_size)
-        metrics = accumulate_step(engine, mine, loss_fn, _counts, micro_batch_size=micro_batch_size)
+        metrics = accumulate_step(engine, mine, loss_fn, _counts, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=_sample_shape)
         for key, value in metrics.items():
             name = key if "/" in key else f"{prefix}/{key}"  # the engine's grad_norm / lr
             sums[name] = sums.get(name, 0.0) + value / len(chunks)
@@ -375,9 +443,10 @@ def train_round(
             # 3. reference log-probs, values, advantages
             critic = engines["critic"].model if algo.critic else None
             samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
-                                                    temperature=rollout.temperature, pad_id=pad_id) if train_records else ([], {})
+                                                    temperature=rollout.temperature, pad_id=pad_id,
+                                                    max_tokens=engine_cfg.micro_batch_tokens) if train_records else ([], {})
             if not train_records:  # nothing to train on; the engine gap is still measured
-                prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id)[1]
+                prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens)[1]
             # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
             advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
             for score in scores:
@@ -386,11 +455,14 @@ def train_round(
             update: dict[str, float] = {}
             if samples and algo.critic:
                 update |= run_update(engines["critic"], samples, critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id), minibatches=rl.minibatches,
-                                     micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="critic")
+                                     micro_batch_size=engine_cfg.micro_batch_size, max_tokens=engine_cfg.micro_batch_tokens, generator=generator, prefix="critic")
             if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
+                on_policy: dict[str, float] = {}
                 update |= run_update(engines["policy"], samples, policy_loss_fn(engines["policy"], algo, temperature=rollout.temperature, pad_id=pad_id,
-                                                                                max_tokens=rollout.max_total_tokens),
-                                     minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, generator=generator, prefix="actor")
+                                                                                max_tokens=rollout.max_total_tokens, stats=on_policy),
+                                     minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, max_tokens=engine_cfg.micro_batch_tokens,
+                                     generator=generator, prefix="actor")
+                prep_metrics |= on_policy_metrics(on_policy)
                 update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
             failpoint("rl.update")
             # 5. log, checkpoint

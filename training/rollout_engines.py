@@ -131,6 +131,7 @@ class HFEngine:
         stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
         finished = budget <= 0
         rows = [Generation([], []) for _ in range(B)]
+        row_of = list(range(B))  # batch position -> row of `sequences` (positions shrink as rows stop)
         for step in range(max(budgets, default=0)):
             logp = processed_logprobs(logits, sampling)
             if sampling.greedy:
@@ -142,11 +143,19 @@ class HFEngine:
             live = (~finished).nonzero().flatten().tolist()
             ids, lps = token.tolist(), token_logp.tolist()
             for i in live:
-                rows[i].ids.append(ids[i])
-                rows[i].logprobs.append(lps[i])
+                rows[row_of[i]].ids.append(ids[i])
+                rows[row_of[i]].logprobs.append(lps[i])
             finished = finished | torch.isin(token, stops) | (budget <= step + 1)
             if bool(finished.all()):
                 break
+            if 2 * int(finished.sum()) >= len(row_of):
+                # Half the batch has stopped: drop those rows from the batch and the KV cache.
+                # Short answers stop early and a few long turns run on; decoding stopped rows was
+                # ~3/4 of the decode work at `tiny` (benchmarks/rl_step_profile.py).
+                keep = (~finished).nonzero().flatten()
+                cache.reorder_cache(keep)
+                token, attention, next_pos, budget = token[keep], attention[keep], next_pos[keep], budget[keep]
+                finished, row_of = finished[keep], [row_of[i] for i in keep.tolist()]
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True)

@@ -47,6 +47,10 @@ def _policy_tokens(examples: list[Example]) -> torch.Tensor:
     return torch.tensor([float(sum(sum(e.tool_mask) for e in examples))])
 
 
+def _shape(example: Example) -> tuple[int, int]:
+    return len(example.prompt_ids), len(example.completion_ids)
+
+
 def digest(what) -> str:
     """sha256 of examples' ids, or of a model's weights."""
     h = hashlib.sha256()
@@ -105,7 +109,8 @@ def train_sft(
         index = torch.randint(len(examples), (cfg.batch_size,), generator=generator).tolist()
         rows = shard([examples[i] for i in index], engine.rank, engine.world_size)
         # 2-3. loss on policy tokens only, one optimizer step
-        metrics = accumulate_step(engine, rows, loss_fn, _policy_tokens, micro_batch_size=engine_cfg.micro_batch_size)
+        metrics = accumulate_step(engine, rows, loss_fn, _policy_tokens, micro_batch_size=engine_cfg.micro_batch_size,
+                                  max_tokens=engine_cfg.micro_batch_tokens, shape=_shape)
         tokens_seen += int(metrics["policy_tokens_per_row"] * cfg.batch_size)
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - start
