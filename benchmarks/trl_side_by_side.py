@@ -19,7 +19,7 @@ The same work on both sides, per size:
   `max_tool_calling_iterations`), temperature 1;
 - the same algorithm: GRPO, group-normalized advantages, PPO clip 0.2, K3 KL to the reference in
   the loss with beta 0.01, token-mean loss over the batch (TRL's `dapo`), AdamW (0.9, 0.99), lr
-  2e-4 constant, no weight decay, grad clip 1, one optimizer step per batch (ours:
+  `--lr` (constant), no weight decay, grad clip 1, one optimizer step per batch (ours:
   `rl.minibatches: 1`), every trajectory trained (ours: `rl.drop_zero_variance_groups: false`);
 - the same reward: our verifier cascade scores both sides' trajectories.
 Each side keeps its own defaults otherwise: ours its HF engine (batched, KV cache kept, tools
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TRL_PIN = "1.16.0"
-KL_COEF, LEARNING_RATE, CLIP, GRAD_CLIP = 0.01, 2e-4, 0.2, 1.0
+KL_COEF, CLIP, GRAD_CLIP = 0.01, 0.2, 1.0
 
 # Our tag protocol as a chat template (see module docstring). Prefix-preserving, as TRL's tool
 # loop requires: an assistant message ending on a tool call renders no end-of-turn token.
@@ -168,7 +168,7 @@ def run_ours(job: dict, gate: Gate) -> None:
     longest = max(len(t["prompt"]) for batch in steps for t in batch)  # characters bound tokens from above
     cfg = load_profile("tiny", {
         **job["overrides"], "rl.group_size": job["group"], "rl.prompts_per_step": job["prompts"], "rl.steps_per_round": len(steps),
-        "rl.minibatches": 1, "rl.drop_zero_variance_groups": False, "rl.learning_rate": LEARNING_RATE, "rl.kl_coef": KL_COEF,
+        "rl.minibatches": 1, "rl.drop_zero_variance_groups": False, "rl.learning_rate": job["lr"], "rl.kl_coef": KL_COEF,
         "rl.grad_clip": GRAD_CLIP, "rl.clip_low": CLIP, "rl.clip_high": CLIP, "rollout.max_turns": job["tool_turns"] + 1,
         "rollout.max_new_tokens_per_turn": job["completion_tokens"], "rollout.max_observation_tokens": job["completion_tokens"],
     })
@@ -280,7 +280,7 @@ def run_trl(job: dict, gate: Gate) -> None:
             per_device_train_batch_size=job["prompts"] * group, gradient_accumulation_steps=1, num_generations=group, num_iterations=1,
             max_completion_length=job["completion_tokens"], max_tool_calling_iterations=job["tool_turns"], temperature=1.0, top_p=1.0, top_k=0,
             beta=KL_COEF, epsilon=CLIP, loss_type="dapo", scale_rewards="group",
-            learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0,
+            learning_rate=job["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0,
             max_grad_norm=GRAD_CLIP,
         )
         trainer = trl.GRPOTrainer(model=model, reward_funcs=verified_reward, args=args, train_dataset=Dataset.from_list(rows),
@@ -355,13 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"), help="warm-started model cache (benchmarks/rollout_engines.py)")
     parser.add_argument("--sizes", default="tiny,20m")
-    parser.add_argument("--sft-steps", default="tiny=400,20m=150", help="warm-start SFT steps per size")
-    parser.add_argument("--prompts", default="tiny=32,20m=8", help="prompts per step per size (the tiny profile: 32) (x --group trajectories)")
+    parser.add_argument("--sft-steps", default="tiny=400,20m=400", help="warm-start SFT steps per size (20m: 150 steps left it calling tools too rarely)")
+    parser.add_argument("--prompts", default="tiny=32,20m=16", help="prompts per step per size (the tiny profile: 32) (x --group trajectories)")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--steps", type=int, default=6, help="measured steps per side")
     parser.add_argument("--warmup", type=int, default=1, help="steps per side not measured")
     parser.add_argument("--completion-tokens", type=int, default=128)
     parser.add_argument("--tool-turns", type=int, default=3)
+    parser.add_argument("--lr", default="tiny=2e-4,20m=2e-5", help="learning rate per size, both sides (tiny: the profile's; at 2e-4 "
+                        "the 20m policy stops calling tools after one step, and the steps measured are no longer agentic)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
@@ -387,16 +389,17 @@ def main(argv: list[str] | None = None) -> int:
 
     sft_steps = dict(item.split("=") for item in args.sft_steps.split(","))
     prompts = dict(item.split("=") for item in args.prompts.split(","))
+    rates = dict(item.split("=") for item in args.lr.split(","))
     rows = []
     for size in args.sizes.split(","):
-        if size not in SIZES or size not in sft_steps or size not in prompts:
-            parser.error(f"--sizes: {size!r} needs an entry in SIZES ({', '.join(SIZES)}), --sft-steps and --prompts")
+        if size not in SIZES or size not in sft_steps or size not in prompts or size not in rates:
+            parser.error(f"--sizes: {size!r} needs an entry in SIZES ({', '.join(SIZES)}), --sft-steps, --prompts and --lr")
         with _sandbox() as box:
             cfg, folder, model, _, tasks, _ = warm_model(size, int(sft_steps[size]), args.home, box)
         n_params = sum(p.numel() for p in model.parameters())
         del model
         total = args.warmup + args.steps
-        job = {"folder": str(folder), "overrides": SIZES[size], "group": args.group, "prompts": int(prompts[size]), "threads": args.threads,
+        job = {"folder": str(folder), "overrides": SIZES[size], "group": args.group, "prompts": int(prompts[size]), "threads": args.threads, "lr": float(rates[size]),
                "completion_tokens": args.completion_tokens, "tool_turns": args.tool_turns, "steps": step_tasks(tasks, int(prompts[size]), total)}
         with tempfile.TemporaryDirectory() as tmp:
             job_file = Path(tmp) / "job.json"
@@ -412,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 for side in sides:
                     side.close()
         ours, theirs = summarize(sides[0], args.warmup), summarize(sides[1], args.warmup)
-        rows.append({"size": size, "parameters_m": round(n_params / 1e6, 2), "prompts": int(prompts[size]), "group": args.group,
+        rows.append({"size": size, "parameters_m": round(n_params / 1e6, 2), "prompts": int(prompts[size]), "group": args.group, "lr": float(rates[size]),
                      "ours": ours, "trl": theirs, "ratio_ours_over_trl": round(ours["wall_median_s"] / theirs["wall_median_s"], 3),
                      "ratio_trl_over_ours": round(theirs["wall_median_s"] / ours["wall_median_s"], 2)})
         print(f"[bench] {size}: ours {ours['wall_median_s']}s vs TRL {theirs['wall_median_s']}s a step: ours / TRL = {rows[-1]['ratio_ours_over_trl']}", flush=True)
@@ -423,12 +426,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "tool_turns": args.tool_turns, "rows": rows}, indent=1))
     lines = [f"`{command}` (TRL {TRL_PIN}, group {args.group}, {args.completion_tokens} completion tokens, {args.tool_turns} tool turns, "
              f"median of {args.steps} steps after {args.warmup} warm-up)", "",
-             "| size | params (M) | trajectories / step | side | step wall, median (min-max) s | generated tok/s | trained tok/s | peak RSS (MB) "
-             "| tool-call rate | mean reward | ours / TRL |", "|---" * 11 + "|"]
+             "| size | params (M) | trajectories / step | lr | side | step wall, median (min-max) s | generated tok/s | trained tok/s | peak RSS (MB) "
+             "| tool-call rate | mean reward | ours / TRL |", "|---" * 12 + "|"]
     for r in rows:
         for name in ("ours", "trl"):
             s = r[name]
-            lines.append(f"| {r['size']} | {r['parameters_m']} | {r['prompts'] * r['group']} | {name} | {s['wall_median_s']} ({s['wall_min_s']}-{s['wall_max_s']}) "
+            lines.append(f"| {r['size']} | {r['parameters_m']} | {r['prompts'] * r['group']} | {r['lr']:g} | {name} | {s['wall_median_s']} ({s['wall_min_s']}-{s['wall_max_s']}) "
                          f"| {s['generated_tokens_per_s']} | {s['trained_tokens_per_s']} | {s['peak_rss_mb']:,} | {s['tool_call_rate']} | {s['reward_mean']} "
                          f"| {'**' + str(r['ratio_ours_over_trl']) + '**' if name == 'ours' else ''} |")
     table = "\n".join(lines)
