@@ -29,7 +29,7 @@ Each side runs in a child process that stops after every optimizer step until to
 parent alternates them (the first mover alternating too), so both see the same machine state.
 A step is timed from "go" to the end of its optimizer step. Peak RSS is the child's process tree
 (sandbox workers included) sampled every 0.2 s during its steps. The first `--warmup` steps of
-each side are not counted. Writes benchmarks/results/trl-side-by-side.{json,md}.
+each side are not counted. Writes benchmarks/results/trl-side-by-side.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -351,6 +351,30 @@ def summarize(side: Side, warmup: int) -> dict:
     }
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Per size: each measured step's wall time, ours and TRL's, in the order they ran, with the
+    medians as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, panels = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
+    for ax, row in zip(panels[0], rows):
+        for name, color in (("ours", "tab:blue"), ("trl", "tab:orange")):
+            walls = [s["wall_s"] for s in row[name]["per_step"]]
+            ax.plot(range(1, len(walls) + 1), walls, "o-", color=color, label=f"{'ours' if name == 'ours' else 'TRL'}: median {row[name]['wall_median_s']:.2f} s")
+            ax.axhline(row[name]["wall_median_s"], color=color, linestyle=":")
+        ax.set_title(f"{row['size']} ({row['parameters_m']}M), {row['prompts'] * row['group']} trajectories: ours / TRL = {row['ratio_ours_over_trl']}", fontsize=9)
+        ax.set_xlabel("measured step")
+        ax.set_ylabel("GRPO step wall (s)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"), help="warm-started model cache (benchmarks/rollout_engines.py)")
@@ -366,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                         "the 20m policy stops calling tools after one step, and the steps measured are no longer agentic)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--replot", action="store_true", help="only redraw trl-side-by-side.png from the JSON in --out")
     parser.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -376,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         (run_ours if args.child == "ours" else run_trl)(job, gate)
         return 0
 
+    if args.replot:
+        results = args.out / "trl-side-by-side.json"
+        if not results.exists():
+            parser.error(f"--replot: {results} does not exist; run the benchmark first")
+        plot(json.loads(results.read_text())["rows"], args.out / "trl-side-by-side.png")
+        return 0
     if args.steps < 1 or args.warmup < 0 or args.group < 2:
         parser.error("--steps must be >= 1, --warmup >= 0 and --group >= 2 (GRPO needs a group)")
     try:
@@ -434,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {r['size']} | {r['parameters_m']} | {r['prompts'] * r['group']} | {r['lr']:g} | {name} | {s['wall_median_s']} ({s['wall_min_s']}-{s['wall_max_s']}) "
                          f"| {s['generated_tokens_per_s']} | {s['trained_tokens_per_s']} | {s['peak_rss_mb']:,} | {s['tool_call_rate']} | {s['reward_mean']} "
                          f"| {'**' + str(r['ratio_ours_over_trl']) + '**' if name == 'ours' else ''} |")
+    plot(rows, args.out / "trl-side-by-side.png")
     table = "\n".join(lines)
     (args.out / "trl-side-by-side.md").write_text(table + "\n")
     print(table)
