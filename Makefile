@@ -5,7 +5,7 @@ export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run resume test lint dagster-ui mlflow-ui audit models promote rollback clean
+.PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz models promote rollback clean
 setup:
 	@bash scripts/setup.sh
 
@@ -33,6 +33,10 @@ ROUND ?= 1
 audit: setup
 	FLYWHEEL_PROFILE=$(PROFILE) DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster asset materialize -m pipelines.definitions \
 		--select reward_audit --partition $(ROUND) $(if $(CONFIG),--config-json '$(CONFIG)',)
+
+# Wrong answers through the training reward (docs/reward-fuzz.md): make fuzz [ARGS='--attempts 100000 --families code']
+fuzz: setup
+	$(PY) benchmarks/reward_fuzz.py $(ARGS)
 
 # Model registry (README "Model registry"): make models | make promote VERSION=3 [FORCE=1] | make rollback
 models: setup

@@ -118,6 +118,7 @@ class SandboxResource(ConfigurableResource):
     timeout_s: float = 2.0
     memory_mb: int = 256
     max_processes: int = 8
+    max_files: int = 10_000
 
     @classmethod
     def from_config(cls, cfg: SandboxConfig) -> "SandboxResource":
@@ -127,7 +128,8 @@ class SandboxResource(ConfigurableResource):
     def open(self) -> Iterator[Any]:
         from verifiers.sandbox import SandboxLimits, make_sandbox
 
-        limits = SandboxLimits(timeout_s=self.timeout_s, cpu_s=max(1, int(self.timeout_s)), memory_mb=self.memory_mb, max_processes=self.max_processes)
+        limits = SandboxLimits(timeout_s=self.timeout_s, cpu_s=max(1, int(self.timeout_s)), memory_mb=self.memory_mb, max_processes=self.max_processes,
+                               max_files=self.max_files)
         sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image)
         try:
             yield sandbox

@@ -1,6 +1,10 @@
 """Verifier throughput on this machine, tier by tier.
 
     .venv/bin/python benchmarks/verifier_throughput.py [--seconds 3] [--json PATH]
+    .venv/bin/python benchmarks/verifier_throughput.py --baseline 4f7861c [--rounds 2]
+
+With --baseline, the same measurements run on this tree and on the baseline commit (a git
+worktree), alternating in one run, and the table gives each figure's ratio (this / baseline).
 
 Prints a table and writes it as JSON:
 * each registered answer verifier called through `run_verifier` (the interface training uses);
@@ -17,8 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,20 +94,75 @@ def sandbox_rates(seconds: float) -> dict[str, float]:
             "code verifications/min (3 unit tests, cascade, 2 workers)": scored * 60}
 
 
+def measure(seconds: float) -> dict:
+    return {"answer verifiers (checks/s)": answer_verifiers(seconds), "cascade (per s)": cascade_rates(seconds),
+            "sandbox": sandbox_rates(seconds)}
+
+
+def _run_tree(root: Path, seconds: float) -> dict:
+    """This script's measurements with `root`'s packages first on the path, in a fresh process."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        subprocess.run([sys.executable, __file__, "--seconds", str(seconds), "--json", out.name, "--quiet"],
+                       cwd=root, env=env, check=True)
+        return json.loads(Path(out.name).read_text())
+
+
+def side_by_side(baseline: str, seconds: float, rounds: int) -> dict:
+    """Median of `rounds` alternating runs on each tree, and this tree's ratio to the baseline."""
+    here = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", baseline], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(base), commit], check=True,
+                       capture_output=True)
+        try:
+            runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+            for i in range(rounds):
+                for name, root in (("baseline", base), ("this", here)):
+                    print(f"round {i + 1}/{rounds}: {name}", flush=True)
+                    runs[name].append(_run_tree(root, seconds))
+        finally:
+            subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(base)], check=False)
+    table = {}
+    for section, figures in runs["this"][0].items():
+        if not isinstance(figures, dict):
+            continue
+        for label in figures:
+            b = statistics.median(r[section][label] for r in runs["baseline"] if label in r.get(section, {}))
+            t = statistics.median(r[section][label] for r in runs["this"])
+            table[f"{section} / {label}"] = {"baseline": b, "this": t, "ratio": t / b if b else float("nan")}
+    return {"baseline": commit, "rounds": rounds, "figures": table}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/verifier_throughput.json"))
+    parser.add_argument("--json", type=Path, default=None,
+                        help="default benchmarks/results/verifier_throughput.json (-side-by-side.json with --baseline)")
+    parser.add_argument("--baseline", help="a commit to measure side by side with this tree")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline")
+    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    results = {"answer verifiers (checks/s)": answer_verifiers(args.seconds), "cascade (per s)": cascade_rates(args.seconds),
-               "sandbox": sandbox_rates(args.seconds)}
-    for section, figures in results.items():
-        print(section)
-        for label, value in figures.items():
-            print(f"  {label:<58} {value:>12,.1f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": platform.machine(), "python": platform.python_version(), **results}, indent=1))
-    print(f"wrote {args.json}")
+    if args.baseline:
+        result = side_by_side(args.baseline, args.seconds, args.rounds)
+        print(f"{'figure':<90} {'baseline':>12} {'this':>12} {'ratio':>7}")
+        for label, row in result["figures"].items():
+            print(f"{label:<90} {row['baseline']:>12,.1f} {row['this']:>12,.1f} {row['ratio']:>7.2f}")
+        path = args.json or Path("benchmarks/results/verifier_throughput-side-by-side.json")
+    else:
+        result = measure(args.seconds)
+        if not args.quiet:
+            for section, figures in result.items():
+                print(section)
+                for label, value in figures.items():
+                    print(f"  {label:<58} {value:>12,.1f}")
+        path = args.json or Path("benchmarks/results/verifier_throughput.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": platform.machine(), "python": platform.python_version(), **result}, indent=1))
+    if not args.quiet:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

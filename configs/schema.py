@@ -255,6 +255,13 @@ class RLConfig(_Strict):
     tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling on the rollout-engine/trainer mismatch: "
                                   "each token's loss is weighted by min(pi_trainer / pi_engine, cap) (verl, SkyRL). None: off.")
     checkpoint_every: int = Field(10, ge=1, description="Steps between resumable state checkpoints within a round.")
+    # Numerical bounds (issue 21), the same for every preset, defaults as verl's core_algos; None turns one off.
+    k3_clamp: float | None = Field(10.0, gt=0, description="Upper bound on the per-token k3 KL estimate (verl's low_var_kl clamp); past it "
+                                   "the token's KL term has no gradient. k1 and k2 are not clamped (their gradients do not blow up). None: unbounded.")
+    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip PPO (Ye et al. 2020): for A < 0 the per-token loss is at most "
+                                       "-A * clip_ratio_c, so a huge ratio cannot scale the loss; applies to ppo_clip and gspo. None: off.")
+    seq_log_ratio_max: float = Field(10.0, gt=0, le=20, description="GSPO: cap on the sequence log-ratio, so s_i <= e^10; past it the "
+                                     "sequence has no gradient (verl). At most 20, rl_math.LOG_RATIO_CLAMP, the finite-exp guard.")
     ppo: PPOConfig = PPOConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
     collapse: CollapseConfig = CollapseConfig()
@@ -322,6 +329,8 @@ class SandboxConfig(_Strict):
     timeout_s: float = Field(2.0, gt=0)
     memory_mb: int = Field(256, ge=64)
     max_processes: int = Field(8, ge=1)
+    max_files: int = Field(10_000, ge=1, description="Entries (files, dirs, links) a call may create in its scratch dir: the "
+                           "bubblewrap tier's per-call tmpfs nr_inodes; cleanup after a call frees at most this many (~15 ms for 10,000).")
 
 
 class BenchmarkConfig(_Strict):

@@ -7,13 +7,14 @@ import statistics
 import pytest
 import torch
 
+from configs import ConfigError, load_profile
 from configs.schema import RewardConfig, RLConfig
 from environments.tools import CodeInterpreter, toolbox
-from training.algorithms import ALGORITHMS, resolve_algorithm
+from training.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
 from training.model import build_model
-from training.rl_loop import (_first_spread_groups, informative_groups, on_policy_metrics, policy_loss_fn, prepare_samples, recorded_logprobs,
-                              reuses_update_logprobs, run_update, token_rewards, train_round)
-from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, kl_penalty
+from training.rl_loop import (Sample, _first_spread_groups, informative_groups, on_policy_metrics, policy_loss_fn, prepare_samples,
+                              recorded_logprobs, reuses_update_logprobs, run_update, token_rewards, train_round)
+from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, gspo_loss, kl_penalty, ppo_clip_loss
 from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
 from training.scoring import episode_record, score_records
@@ -42,6 +43,68 @@ def test_preset_values_follow_the_papers():
     assert gspo.policy_loss == "gspo" and gspo.loss_agg_mode == "seq_mean_token_mean"
     assert drgrpo.advantage_estimator == "dr_grpo" and drgrpo.loss_agg_mode == "seq_mean_token_sum_norm"
     assert ppo.advantage_estimator == "gae" and ppo.kl_placement == "reward"
+
+
+# ----------------------------------------------------------------------------- numerical bounds (issue 21)
+BOUND_DEFAULTS = {"k3_clamp": 10.0, "clip_ratio_c": 3.0, "seq_log_ratio_max": 10.0}  # verl's core_algos
+
+
+@pytest.mark.integrity
+def test_bound_defaults_are_verls_everywhere():
+    import dataclasses
+    import inspect
+
+    assert {k: getattr(RLConfig(), k) for k in BOUND_DEFAULTS} == BOUND_DEFAULTS
+    assert {f.name: f.default for f in dataclasses.fields(Algorithm) if f.name in BOUND_DEFAULTS} == BOUND_DEFAULTS
+    params = {**inspect.signature(ppo_clip_loss).parameters, **inspect.signature(gspo_loss).parameters, **inspect.signature(kl_penalty).parameters}
+    assert {k: params[k].default for k in BOUND_DEFAULTS} == BOUND_DEFAULTS
+    for name in ALGORITHMS.names():  # the same for every preset, whatever it overrides
+        algo = resolve_algorithm(RLConfig(algorithm=name))
+        assert {k: getattr(algo, k) for k in BOUND_DEFAULTS} == BOUND_DEFAULTS, name
+    # None switches the two optional bounds off; it does not mean "the preset's value" here
+    off = resolve_algorithm(RLConfig(algorithm="dapo", k3_clamp=None, clip_ratio_c=None, seq_log_ratio_max=20.0))
+    assert (off.k3_clamp, off.clip_ratio_c, off.seq_log_ratio_max) == (None, None, 20.0)
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("field, bad, reason", [
+    ("k3_clamp", 0, "greater than 0"),
+    ("clip_ratio_c", 1.0, "greater than 1"),   # verl asserts clip_ratio_c > 1: at 1 every A < 0 token would be capped
+    ("seq_log_ratio_max", 0, "greater than 0"),
+    ("seq_log_ratio_max", 25, "less than or equal to 20"),  # rl_math.LOG_RATIO_CLAMP, the finite-exp guard
+])
+def test_bounds_are_validated_at_load_time_naming_the_field(field, bad, reason):
+    with pytest.raises(ConfigError) as err:
+        load_profile("tiny", {f"rl.{field}": bad})
+    assert f"rl.{field}" in str(err.value) and reason in str(err.value) and str(bad) in str(err.value)
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("algorithm, bounds, policy, kl", [
+    # 3 tokens, A = -1, V = 4 uniform logits: logp = -ln 4; old = logp - ln 5 (r = 5); ref = logp + 3, so
+    # k3 = e^3 - 3 - 1 = 16.0855. kl_coef .5, token mean over 3 tokens. loss = policy + .5 * kl.
+    ("grpo", {}, 3.0, 10.0),                                          # dual-clip -A*3 = 3; k3 clamped at 10: 3 + 5 = 8
+    ("grpo", {"clip_ratio_c": 2.5, "k3_clamp": 4.0}, 2.5, 4.0),       # 2.5 + 2 = 4.5
+    ("grpo", {"clip_ratio_c": None, "k3_clamp": None}, 5.0, math.exp(3) - 4),  # both off (the old behaviour): -A r = 5; 5 + 8.0428 = 13.0428
+    # GSPO: s = exp(mean log r) = 5; a cap of 1 gives s = e (dual-clip off), A = -1: loss e per token
+    ("gspo", {"clip_ratio_c": None, "seq_log_ratio_max": 1.0}, math.e, 10.0),
+    ("gspo", {"clip_ratio_c": None}, 5.0, 10.0),                      # the default cap (10) does not bind at ln 5
+])
+def test_the_bounds_flow_from_the_config_to_the_loss(monkeypatch, algorithm, bounds, policy, kl):
+    from types import SimpleNamespace
+
+    import training.rl_loop as rl_loop
+
+    monkeypatch.setattr(rl_loop, "completion_logits", lambda module, batch: torch.zeros(*batch.completion_ids.shape, 4))
+    logp = -math.log(4)
+    record = {"prompt_ids": [5, 6], "completion_ids": [0, 1, 2], "tool_mask": [1, 1, 1], "logprobs": [logp] * 3}
+    sample = Sample(record, [-1.0] * 3, [logp - math.log(5)] * 3, ref_logprobs=[logp + 3.0] * 3)
+    algo = resolve_algorithm(RLConfig(algorithm=algorithm, kl_coef=0.5, kl_estimator="k3", kl_placement="loss", **bounds))
+    loss_fn = policy_loss_fn(SimpleNamespace(module=None), algo, temperature=1.0, pad_id=0, max_tokens=8)
+    loss, out = loss_fn([sample], torch.tensor([3.0, 1.0]))
+    assert out["loss/policy"] == pytest.approx(policy, rel=1e-5) and out["loss/kl"] == pytest.approx(kl, rel=1e-5)
+    assert loss.item() == pytest.approx(policy + 0.5 * kl, rel=1e-5)
+    assert out["actor/dual_clip_frac"] == (1.0 if bounds.get("clip_ratio_c", 3.0) else 0.0)
 
 
 # ----------------------------------------------------------------------------- loop == vectorized

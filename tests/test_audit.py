@@ -19,7 +19,7 @@ def test_audit_reports_what_only_the_lenient_verifier_rewarded(tokenizer_and_tas
     tok, _ = tokenizer_and_tasks
     task = {"task_id": "t", "family": "arithmetic", "answer": "1000", "level": 1}
     rows = [_record(tok, i, a) for i, a in enumerate(["1000", "1004", "7", "1000.0"])]
-    lenient = RewardConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.01})})
+    lenient = RewardConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.01, "exact_integers": False})})
     strict = RewardConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.0})})
     trained = score_records(rows, {"t": task}, tok, Cascade(lenient))
     # stored and loaded back as Parquet, as the asset does (None outcomes become NaN there)

@@ -149,7 +149,7 @@ def test_config_errors_name_the_field():
 
 
 def test_strict_tier_overrides_and_counts_disagreements():
-    cfg = RewardConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 1e-3})},
+    cfg = RewardConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 1e-3, "exact_integers": False})},
                        strict=StrictTierConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.0})}))
     cascade = Cascade(cfg)
     lenient_only = cascade.score(Candidate(["<answer>42.01</answer>"], 5), TASK)

@@ -16,10 +16,11 @@ if shutil.which("bwrap") is None:
 from verifiers.base import get_verifier, run_precheck, run_task_check, run_verifier  # noqa: E402
 from verifiers.code_tests import (  # noqa: E402
     DEFAULT_ALLOWED_IMPORTS,
+    MAX_CALLS_PER_TEST,
     CodeTest,
-    build_harness,
     code_precheck,
-    parse_results,
+    parse_answers,
+    run_tests,
     select_tests,
 )
 from verifiers.sandbox import (  # noqa: E402
@@ -37,7 +38,6 @@ ADD_TESTS = [
 ]
 TASK = {"entry_point": "add", "tests": json.dumps(ADD_TESTS)}
 ALL_GROUPS = ("fail_to_pass", "pass_to_pass", "held_out")
-NONCE = "0123456789abcdef" * 2
 
 CORRECT = "def add(a, b):\n    return a + b\n"
 PARTIAL = "def add(a, b):\n    return abs(a) + b\n"  # wrong for negative a
@@ -211,67 +211,93 @@ def test_registered_with_precheck_and_task_check():
     assert "not valid JSON" in run_task_check("unit_tests", {"entry_point": "add", "tests": "["}, {})
 
 
-# --- the harness on its own: the result channel, with the static policy and guards off -----------
+# --- the boundary on its own: the candidate answers calls, the tests run outside ------------------
 
 def run_harness(box, candidate, tests=ADD_TESTS[:3]):
-    cases = [CodeTest(**t) for t in tests]
-    result = box.run_python(build_harness(candidate, cases, "add", NONCE, allowed_imports=None))
-    return result, parse_results(result.stdout, NONCE, len(cases))
+    """The outcomes with the static policy and the in-sandbox guards off (allowed_imports=None)."""
+    outcomes, _ = run_tests(candidate, [CodeTest(**t) for t in tests], "add", box, allowed_imports=None)
+    return ["PASS" if o is True else f"FAIL {o}" if o == "PASS" else o for o in outcomes]
 
 
 @pytest.mark.parametrize("candidate", [
-    # Writes result lines on every fd it can, then exits 0 before any test runs.
-    "import os\nfor fd in (1, 2, 3, 4):\n    for i in range(3):\n"
-    "        try:\n            os.write(fd, f'{\"f\" * 32} {i} PASS\\n{i} PASS\\n'.encode())\n"
+    # Writes answer-looking lines on every fd it can (claiming wrong values), then exits 0.
+    "import os\nfor fd in range(1, 8):\n    for i in range(3):\n"
+    "        try:\n            os.write(fd, f'[{i}, [[\"ok\", [\"i\", \"-1\"]]]]\\n{i} PASS\\n'.encode())\n"
     "        except OSError:\n            pass\nos._exit(0)\n",
     "import sys\nsys.exit(0)\n",
 ])
-def test_forged_results_and_exit_zero_count_nothing(sandbox, candidate):
-    result, outcomes = run_harness(sandbox, candidate)
-    assert result.exit_code == 0
-    assert "PASS" not in outcomes
+def test_forged_answers_and_exit_zero_count_nothing(sandbox, candidate):
+    assert "PASS" not in run_harness(sandbox, candidate)
 
 
 def test_rebinding_print_stdout_exit_and_builtins_changes_nothing(sandbox):
     rebind = ("import builtins, os, sys\nbuiltins.print = sys.exit = os.write = None\nsys.stdout = None\n"
-              "builtins.exec = builtins.compile = lambda *a, **k: None\n"
-              "builtins.BaseException = builtins.str = builtins.type = None\n")
-    _, right = run_harness(sandbox, rebind + CORRECT)
-    assert right == ["PASS", "PASS", "PASS"]  # results still written
-    _, wrong = run_harness(sandbox, rebind + "def add(a, b):\n    return 0\n")
+              "builtins.exec = builtins.compile = lambda *a, **k: None\n")
+    assert run_harness(sandbox, rebind + CORRECT) == ["PASS", "PASS", "PASS"]  # answers still given
+    wrong = run_harness(sandbox, rebind + "def add(a, b):\n    return 0\n")
     assert wrong == ["AssertionError", "AssertionError", "PASS"]  # and tests still really run
+    # Breaking the builtins its own process needs to answer only costs the candidate: the tests
+    # run in another process.
+    sabotage = rebind + "builtins.BaseException = builtins.str = builtins.type = builtins.isinstance = None\n"
+    for candidate in (CORRECT, "def add(a, b):\n    return 0\n"):
+        assert "PASS" not in run_harness(sandbox, sabotage + candidate)
 
 
 def test_runtime_guards_back_up_the_static_policy(sandbox):
     """Had the static check missed them, import and the forbidden builtins still fail in the sandbox."""
     for candidate, outcome in [("import os\n" + CORRECT, "load:ImportError"),
                                ("def add(a, b):\n    return open\n", "NameError")]:
-        result = sandbox.run_python(build_harness(candidate, [CodeTest(**ADD_TESTS[0])], "add", NONCE,
-                                                  allowed_imports=DEFAULT_ALLOWED_IMPORTS))
-        assert parse_results(result.stdout, NONCE, 1) == [outcome]
+        outcomes, _ = run_tests(candidate, [CodeTest(**ADD_TESTS[0])], "add", sandbox, DEFAULT_ALLOWED_IMPORTS)
+        assert outcomes == [outcome]
 
 
-def test_tests_are_not_in_the_sandbox_filesystem(sandbox):
-    """Even a candidate free to walk the filesystem finds no file holding a test's code."""
+@pytest.mark.integrity
+@pytest.mark.parametrize("candidate", [
+    "class PASS(ValueError):\n    pass\ndef add(a, b):\n    raise PASS\n",  # found by the fuzzer (issue 21)
+    "T = type(1)\ndef add(a, b):\n    raise type(T)('PASS', (ValueError,), {})()\n",
+    "class PASS(BaseException):\n    pass\ndef add(a, b):\n    raise PASS\n",
+])
+def test_a_failure_named_pass_is_a_failure(sandbox, candidate):
+    verdict = verify(candidate, sandbox, mode="fraction", groups=ALL_GROUPS)
+    assert verdict.score == 0.0, verdict.details
+
+
+def test_tests_never_enter_the_sandbox(sandbox):
+    """A candidate free to walk the filesystem and read its stdin finds no test's code."""
     marker = "assert add(2, 3) == 5  # marker-7f3a"
-    search = ("import os\nFOUND = []\nfor top in ('.', '/tmp'):\n"
+    search = ("import os, sys\nFOUND = []\nfor top in ('.', '/tmp'):\n"
               "    for root, _, files in os.walk(top):\n        for name in files:\n"
               "            try:\n                FOUND.append('marker-7f3a' in open(os.path.join(root, name)).read())\n"
               "            except OSError:\n                pass\n"
               "def add(a, b):\n    return a + b if not any(FOUND) else 0\n")
-    _, outcomes = run_harness(sandbox, search, [{"name": "m", "code": marker, "group": "fail_to_pass"}])
-    assert outcomes == ["PASS"]
+    assert run_harness(sandbox, search, [{"name": "m", "code": marker, "group": "fail_to_pass"}]) == ["PASS"]
+    box = FakeSandbox(SandboxResult("", "", 0, False, 0.0, None))
+    seen = []
+    box.run_python = lambda code, stdin="": seen.append(code + stdin) or box.result
+    verify(CORRECT, box)
+    assert seen and not any("== 5" in text or "assert" in text for text in seen)  # only calls and inputs
+
+
+def test_a_test_with_several_calls_is_replayed_until_it_ends(sandbox):
+    tests = [{"name": "chain", "code": "assert add(add(1, 2), 3) == 6\nassert add(0, 0) == 0", "group": "fail_to_pass"},
+             {"name": "loop", "code": "for i in range(5):\n    assert add(i, i) == 2 * i", "group": "fail_to_pass"},
+             {"name": "swallowed", "code": "try:\n    add(1, 1)\nexcept BaseException:\n    pass", "group": "fail_to_pass"}]
+    assert run_harness(sandbox, CORRECT, tests) == ["PASS", "PASS", "PASS"]
+    assert run_harness(sandbox, "def add(a, b):\n    return a + b if a < 3 else 0\n", tests) == [
+        "AssertionError", "AssertionError", "PASS"]
+    many = [{"name": "many", "code": "for i in range(100):\n    add(i, i)", "group": "fail_to_pass"}]
+    assert run_harness(sandbox, CORRECT, many) == [f"more than {MAX_CALLS_PER_TEST} calls"]
 
 
 @pytest.mark.parametrize("stdout, outcomes", [
-    (f"{NONCE} 0 PASS\n{NONCE} 1 FAIL AssertionError\n", ["PASS", "AssertionError", None]),
-    (f"{'f' * 32} 0 PASS\n0 PASS\nPASS\n", [None, None, None]),  # wrong or no nonce
-    (f"{NONCE}0 0 PASS\n {NONCE} 1 PASS\n{NONCE} 2 PASS \n", [None, None, None]),  # not exactly a line
-    (f"{NONCE} 0 FAIL x\n{NONCE} 0 PASS\n", ["reported twice", None, None]),
-    (f"{NONCE} 7 PASS\n{NONCE} ² PASS\n{NONCE} 1 PASSED\n", [None, None, None]),  # out of range, not ascii
+    ('[0, [["ok", ["i", "5"]]]]\n[1, [["raise", "ValueError"]]]\n', (None, {0: [["ok", ["i", "5"]]], 1: [["raise", "ValueError"]]})),
+    ('[0, [["ok", 1], ["ok", 2]]]\n[7, [["ok", 1]]]\n', (None, {})),  # wrong number of answers, unknown test
+    ('[0, [["ok", 1]]]\n[0, [["ok", 2]]]\n', (None, {0: [["ok", 1]]})),  # the first line wins
+    ('junk\n["load", "ImportError"]\n', ("ImportError", {})),
+    ('[0, [["maybe", 1]]]\n[true, [["ok", 1]]]\n', (None, {})),
 ])
-def test_parse_results_counts_only_exact_lines_with_the_nonce(stdout, outcomes):
-    assert parse_results(stdout, NONCE, 3) == outcomes
+def test_parse_answers_takes_only_well_formed_lines(stdout, outcomes):
+    assert parse_answers(stdout, {0: 1, 1: 1}) == outcomes
 
 
 # --- unscorable ---------------------------------------------------------------------------------
@@ -308,7 +334,7 @@ def test_sandbox_failure_is_unscorable():
 
 def test_results_lost_to_the_output_limit_are_unscorable_not_failures(sandbox):
     tests = [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"}
-             for i in range(150)]  # 150 result lines > the 4096-byte stdout limit
+             for i in range(300)]  # 300 answer lines > the 4096-byte stdout limit
     verdict = verify(CORRECT, sandbox, {"entry_point": "add", "tests": tests})
     assert verdict.score is None and "output limit" in verdict.details
 
@@ -319,10 +345,3 @@ def test_bad_params_are_loud(params):
     assert verdict.score is None and "unknown" in verdict.details
 
 
-def test_nonce_is_fresh_per_run():
-    seen = set()
-    box = FakeSandbox(SandboxResult("", "", 0, False, 0.0, None))
-    box.run_python = lambda code, stdin="": seen.add(code.split("\n")[0]) or box.result
-    for _ in range(3):
-        verify(CORRECT, box)
-    assert len(seen) == 3

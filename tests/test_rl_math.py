@@ -205,7 +205,7 @@ def test_ppo_ratio_one_is_minus_mean_advantage():
     lp = torch.randn(2, 3)
     loss, metrics = _ppo(lp, lp.clone(), adv, mask)
     _close(loss, -(1 - 2 + 3) / 3)
-    assert metrics == pytest.approx({"clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0})
+    assert metrics == pytest.approx({"clip_frac": 0.0, "dual_clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0})
 
 
 def test_ppo_hand_clipping_and_gradients():
@@ -385,3 +385,100 @@ def test_value_loss_clipped_by_hand():
     loss, metrics = value_loss(torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 2.0]]),
                                torch.tensor([[1, 1]]), clip=0.5)
     assert loss.item() == pytest.approx(0.3125) and metrics["value_clip_frac"] == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------- numerical bounds (issue 21)
+E3, E10, E12 = math.exp(3), math.exp(10), math.exp(12)  # 20.0855, 22026.466, 162754.79
+
+
+@pytest.mark.integrity
+def test_k3_is_clamped_at_10_with_zero_gradient_past_the_bound():
+    # k3 = e^d - d - 1 with d = ref - logp; d/dlogp = 1 - e^d.
+    # tok0: d = 3:   e^3 - 3 - 1 = 16.0855 > 10 -> 10, gradient 0 (unclamped: 1 - e^3 = -19.0855)
+    # tok1: d = 1:   e - 1 - 1 = .71828 < 10, kept, gradient 1 - e = -1.71828
+    # tok2: d = -12: e^-12 + 12 - 1 = 11.000006 > 10 -> 10, gradient 0 (unclamped: 1 - e^-12 = .999994)
+    logp = torch.zeros(1, 3, requires_grad=True)
+    ref = torch.tensor([[3.0, 1.0, -12.0]])
+    kl = kl_penalty(logp, ref, "k3")  # the default bound is verl's 10
+    _close(kl, [[10.0, math.e - 2.0, 10.0]])
+    kl.sum().backward()
+    _close(logp.grad, [[0.0, 1.0 - math.e, 0.0]])
+    # k3_clamp=None is today's unbounded estimator
+    logp.grad = None
+    unbounded = kl_penalty(logp, ref, "k3", k3_clamp=None)
+    _close(unbounded, [[E3 - 4.0, math.e - 2.0, math.exp(-12) + 11.0]], atol=1e-4)
+    unbounded.sum().backward()
+    _close(logp.grad, [[1.0 - E3, 1.0 - math.e, 1.0 - math.exp(-12)]], atol=1e-4)
+    # a tighter bound: 16.0855 and 11.000006 -> 5, .71828 stays
+    _close(kl_penalty(logp, ref, "k3", k3_clamp=5.0), [[5.0, math.e - 2.0, 5.0]])
+    # k1 / k2 are not clamped, as in verl (their gradients, 1 and d, do not blow up): logp - ref = 12
+    _close(kl_penalty(logp, ref, "k1")[0, 2], 12.0)
+    _close(kl_penalty(logp, ref, "k2")[0, 2], 72.0)  # .5 * 12^2
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="k3_clamp must be > 0"):
+            kl_penalty(logp, ref, "k3", k3_clamp=bad)
+
+
+@pytest.mark.integrity
+def test_ppo_dual_clip_by_hand():
+    # old = 0, so r = exp(logp); clip 0.2 / 0.2, clip_ratio_c = 3 (verl's default); 4 tokens, token mean.
+    # tok0: r=5, A=-1:   PPO max(-A r, -A clip(r)) = max(5, 1.2) = 5; dual min(5, -A*3 = 3) = 3, gradient 0
+    # tok1: r=2, A=-1:   max(2, 1.2) = 2 < 3: not capped; loss 2, d/dlogp = -A r = 2, /4 tokens = .5
+    # tok2: r=5, A=+1:   upper clip -1.2, gradient 0; the dual-clip is for A < 0 only
+    # tok3: r=5, A=-.5:  max(2.5, .6) = 2.5; dual -A*3 = 1.5 < 2.5 -> 1.5, gradient 0
+    # loss = (3 + 2 - 1.2 + 1.5) / 4 = 1.325.  Without dual-clip: (5 + 2 - 1.2 + 2.5) / 4 = 2.075,
+    # gradient [5, 2, 0, 2.5] / 4: the r=5 tokens pull 2.5x harder than the in-range one.
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[5.0, 2.0, 5.0, 5.0]])).requires_grad_(True)
+    adv, mask = torch.tensor([[-1.0, -1.0, 1.0, -0.5]]), torch.ones(1, 4)
+    loss, metrics = _ppo(logp, old, adv, mask)
+    _close(loss, 1.325)
+    loss.backward()
+    _close(logp.grad, [[0.0, 0.5, 0.0, 0.0]])
+    assert metrics["dual_clip_frac"] == pytest.approx(2 / 4)  # tok0, tok3 (verl's pg_clipfrac_lower)
+    assert metrics["clip_frac"] == pytest.approx(1 / 4)       # tok2: the standard clip, unchanged
+    # clip_ratio_c=None switches it off; clip_ratio_c=1.5 also caps tok1 (-A*1.5 = 1.5 < 2)
+    off = logp.detach().requires_grad_(True)
+    loss_off, metrics_off = _ppo(off, old, adv, mask, clip_ratio_c=None)
+    _close(loss_off, 2.075)
+    loss_off.backward()
+    _close(off.grad, [[1.25, 0.5, 0.0, 0.625]])
+    assert metrics_off["dual_clip_frac"] == 0.0
+    _close(_ppo(logp.detach(), old, adv, mask, clip_ratio_c=1.5)[0], (1.5 + 1.5 - 1.2 + 0.75) / 4)
+    for name in ("ppo_clip", "gspo"):
+        for bad in (1.0, 0.5):  # <= 1 would cap the loss at ratio 1 and below (verl asserts > 1)
+            with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+                get_policy_loss(name)(logp, old, adv, mask, clip_ratio_c=bad)
+
+
+@pytest.mark.integrity
+def test_gspo_sequence_ratio_is_capped_at_e10_with_zero_gradient():
+    # seq0: token log-ratios [12, 12] -> mean 12 > 10: s = e^10 = 22026.47 (was e^20-capped: e^12), A=-1.
+    # seq1: token ratios [2, .5] -> s = 1, A=-1: loss 1, d/dlogp_t = s = 1, / 2 tokens / 2 seqs = .25
+    old, mask = torch.zeros(2, 2), torch.ones(2, 2)
+    logp = torch.tensor([[12.0, 12.0], [math.log(2), math.log(0.5)]], requires_grad=True)
+    adv = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    # defaults (cap 10, dual-clip 3): seq0 loss min(-A e^10, -A*3) = 3; (3 + 1) / 2 = 2.
+    # Before: (e^12 + 1) / 2 = 81377.9, gradient e^12 / 4 = 40688.7 on each seq0 token.
+    loss, metrics = _gspo(logp, old, adv, mask)
+    _close(loss, 2.0)
+    loss.backward()
+    _close(logp.grad, [[0.0, 0.0], [0.25, 0.25]])
+    assert metrics["ratio_max"] == pytest.approx(E10, rel=1e-6)
+    assert metrics["dual_clip_frac"] == pytest.approx(2 / 4)  # seq0's two tokens
+    # the cap alone (dual-clip off): (e^10 + 1) / 2 = 11013.73, and still no gradient on seq0: verl
+    # clamps log(s_it) = sg[log s_i] + logp - sg[logp] itself, so torch.clamp stops its gradient.
+    capped = logp.detach().requires_grad_(True)
+    loss, _ = _gspo(capped, old, adv, mask, clip_ratio_c=None)
+    assert loss.item() == pytest.approx((E10 + 1) / 2, rel=1e-6)
+    loss.backward()
+    _close(capped.grad, [[0.0, 0.0], [0.25, 0.25]])
+    # a cap of 20 (the finite-exp guard, today's value) lets seq0 through: (e^12 + 1) / 2, gradient e^12 / 4
+    wide = logp.detach().requires_grad_(True)
+    loss, _ = _gspo(wide, old, adv, mask, clip_ratio_c=None, seq_log_ratio_max=20.0)
+    assert loss.item() == pytest.approx((E12 + 1) / 2, rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(wide.grad, torch.tensor([[E12 / 4, E12 / 4], [0.25, 0.25]]), rtol=1e-5, atol=1e-5)
+    for bad in (0.0, 20.5):  # above 20 exp() heads for float32's overflow at ~88
+        with pytest.raises(ValueError, match="seq_log_ratio_max must be > 0 and <= 20"):
+            _gspo(logp, old, adv, mask, seq_log_ratio_max=bad)

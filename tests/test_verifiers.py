@@ -12,7 +12,8 @@ from verifiers.protocol import extract_answers, is_well_formed
         ("42.0", "42", 1.0),
         ("18,026", "18026", 1.0),
         ("1.8026e4", "18026", 1.0),
-        ("84/2", "42", 1.0),
+        ("84/2", "42", 0.0),  # a division restated, not a result (issue 21)
+        ("21/2", "10.5", 1.0),
         ("\uff14\uff12", "42", 1.0),  # fullwidth look-alike digits
         ("\u221242", "-42", 1.0),  # unicode minus
         ("43", "42", 0.0),
@@ -28,8 +29,10 @@ def test_numeric_match(prediction, gold, expected):
 
 
 def test_relative_tolerance():
-    assert numeric_match("1000.0005", "1000", rel_tol=1e-6) == 1.0
-    assert numeric_match("1000.01", "1000", rel_tol=1e-6) == 0.0
+    assert numeric_match("1000.0005", "1000", rel_tol=1e-6, exact_integers=False) == 1.0
+    assert numeric_match("1000.0005", "1000", rel_tol=1e-6) == 0.0  # an integer gold is exact
+    assert numeric_match("1000.5000005", "1000.5", rel_tol=1e-6) == 1.0
+    assert numeric_match("1000.01", "1000", rel_tol=1e-6, exact_integers=False) == 0.0
     assert parse_number("1/0") is None
 
 

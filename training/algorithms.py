@@ -32,6 +32,10 @@ class Algorithm:
     kl_placement: str  # "loss" (GRPO) or "reward" (PPO / REINFORCE++: -beta * KL per token in the reward)
     dynamic_sampling: bool  # DAPO: refill the batch with informative groups
     critic: bool = False  # PPO: a value model trained alongside, GAE advantages
+    # Numerical bounds (issue 21): not part of any preset, always rl.*'s values (None: off). See rl_math.
+    k3_clamp: float | None = 10.0  # per-token k3 KL estimate <= this (verl's low_var_kl clamp)
+    clip_ratio_c: float | None = 3.0  # dual-clip: for A < 0 the per-token loss <= -A * this (verl)
+    seq_log_ratio_max: float = 10.0  # GSPO's sequence log-ratio <= this (verl)
 
     @property
     def needs_reference(self) -> bool:
@@ -66,14 +70,16 @@ _preset("gspo", Algorithm("grpo", "gspo", "seq_mean_token_mean", 0.003, 0.004, 0
 # PPO (Schulman et al. 2017; InstructGPT / verl recipe): critic + GAE, k1 KL in the reward.
 _preset("ppo", Algorithm("gae", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False, critic=True))
 
-_OVERRIDABLE = [f.name for f in fields(Algorithm) if f.name != "critic"]
+_BOUNDS = ("k3_clamp", "clip_ratio_c", "seq_log_ratio_max")  # None means "off" here, not "the preset's value"
+_OVERRIDABLE = [f.name for f in fields(Algorithm) if f.name != "critic" and f.name not in _BOUNDS]
 
 
 def resolve_algorithm(rl: RLConfig) -> Algorithm:
-    """The preset named by `rl.algorithm` with every explicitly set RLConfig field applied on top."""
+    """The preset named by `rl.algorithm` with every explicitly set RLConfig field applied on top,
+    and the numerical bounds taken from RLConfig as they are."""
     preset = ALGORITHMS.get(rl.algorithm)()
     overrides = {name: getattr(rl, name) for name in _OVERRIDABLE if getattr(rl, name) is not None}
-    algorithm = replace(preset, **overrides)
+    algorithm = replace(preset, **overrides, **{name: getattr(rl, name) for name in _BOUNDS})
     # The critic follows the advantage estimator: GAE needs values, nothing else uses them.
     algorithm = replace(algorithm, critic=algorithm.advantage_estimator == "gae")
     _check(algorithm, rl.algorithm)

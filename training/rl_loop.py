@@ -190,8 +190,8 @@ def _policy_token_mean(per_token: list[list[float]], records: list[dict]) -> flo
     return sum(values) / max(1, len(values))
 
 
-def _kl_per_token(behaviour: list[float], ref: list[float], estimator: str) -> list[float]:
-    return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), estimator).tolist()
+def _kl_per_token(behaviour: list[float], ref: list[float], algo: Algorithm) -> list[float]:
+    return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), algo.kl_estimator, k3_clamp=algo.k3_clamp).tolist()
 
 
 def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int,
@@ -238,7 +238,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
     width = max(len(r["completion_ids"]) for r in records)
     policy_mask = _padded([r["tool_mask"] for r in records], width)
     ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens) if algo.needs_reference else None
-    kl = [_kl_per_token(old_i, ref_i, algo.kl_estimator) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
+    kl = [_kl_per_token(old_i, ref_i, algo) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
     if kl:
         metrics["actor/kl_ref"] = _policy_token_mean(kl, records)
     in_reward = algo.kl_coef if (kl and algo.kl_placement == "reward") else 0.0
@@ -275,7 +275,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         old, gap = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
         metrics |= gap
         if ref:
-            metrics["actor/kl_ref"] = _policy_token_mean([_kl_per_token(o, r, algo.kl_estimator) for o, r in zip(old, ref)], records)
+            metrics["actor/kl_ref"] = _policy_token_mean([_kl_per_token(o, r, algo) for o, r in zip(old, ref)], records)
     return samples, metrics
 
 
@@ -305,14 +305,16 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
         if samples[0].old_logprobs is None:
             old = logprobs.detach()
             if stats is not None:
-                _measure_on_policy(stats, old, samples, mask, width, algo.kl_estimator)
+                _measure_on_policy(stats, old, samples, mask, width, algo)
         else:
             old = _padded([s.old_logprobs for s in samples], width)
-        loss, metrics = policy_loss(logprobs, old, _padded([s.advantages for s in samples], width), mask,
-                                    clip_low=algo.clip_low, clip_high=algo.clip_high, agg_mode=algo.loss_agg_mode, **norm)
-        out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/approx_kl": metrics["approx_kl"]}
+        loss, metrics = policy_loss(logprobs, old, _padded([s.advantages for s in samples], width), mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                    clip_ratio_c=algo.clip_ratio_c, seq_log_ratio_max=algo.seq_log_ratio_max, agg_mode=algo.loss_agg_mode, **norm)
+        out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/dual_clip_frac": metrics["dual_clip_frac"],
+               "actor/approx_kl": metrics["approx_kl"]}
         if algo.needs_reference and algo.kl_placement == "loss":
-            kl = agg_loss(kl_penalty(logprobs, _padded([s.ref_logprobs for s in samples], width), algo.kl_estimator), mask, algo.loss_agg_mode, **norm)
+            ref = _padded([s.ref_logprobs for s in samples], width)
+            kl = agg_loss(kl_penalty(logprobs, ref, algo.kl_estimator, k3_clamp=algo.k3_clamp), mask, algo.loss_agg_mode, **norm)
             loss = loss + algo.kl_coef * kl
             out["loss/kl"] = kl.item()
         with torch.no_grad():
@@ -322,7 +324,7 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
     return loss_fn
 
 
-def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: list[Sample], mask: torch.Tensor, width: int, estimator: str) -> None:
+def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: list[Sample], mask: torch.Tensor, width: int, algo: Algorithm) -> None:
     """Accumulates, over one micro-batch's policy tokens, what `trainer_gap` and `prepare_samples`
     would have measured from a separate old-log-prob pass."""
     m = mask.bool()
@@ -331,7 +333,7 @@ def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: 
     stats["gap_sum"] = stats.get("gap_sum", 0.0) + float(gap.sum())
     stats["gap_max"] = max(stats.get("gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
     if samples[0].ref_logprobs is not None:
-        kl = kl_penalty(trainer, _padded([s.ref_logprobs for s in samples], width), estimator)[m]
+        kl = kl_penalty(trainer, _padded([s.ref_logprobs for s in samples], width), algo.kl_estimator, k3_clamp=algo.k3_clamp)[m]
         stats["kl_sum"] = stats.get("kl_sum", 0.0) + float(kl.sum())
 
 

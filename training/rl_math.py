@@ -9,9 +9,15 @@ garbage (1e4, inf, NaN) can never reach a loss, a metric or a gradient.
 Call sites pick algorithms by name, with no if/elif on names:
     adv = get_advantage_estimator("grpo")(rewards, group_ids)
     loss, metrics = get_policy_loss("ppo_clip")(logp, old_logp, adv_bt, mask, clip_high=0.28)
+
+Three bounds keep a single extreme token or sequence from owning the update (issue 21; values
+as verl's core_algos): the k3 KL estimate is clamped (`k3_clamp`, verl 10), PPO's loss is
+dual-clipped for negative advantages (`clip_ratio_c`, verl 3), and GSPO's sequence log-ratio is
+capped (`seq_log_ratio_max`, verl 10). Past each bound the term is a constant: zero gradient.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -81,13 +87,20 @@ def get_advantage_estimator(name: str) -> Callable[..., Tensor]:
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    """fn(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, agg_mode,
-    num_tokens, num_seqs, max_tokens) -> (scalar loss, metrics)."""
+    """fn(logprobs, old_logprobs, advantages, loss_mask, *, clip_low, clip_high, clip_ratio_c,
+    seq_log_ratio_max, agg_mode, num_tokens, num_seqs, max_tokens) -> (scalar loss, metrics)."""
     return POLICY_LOSSES.get(name)
 
 
 def _bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _check_bound(name: str, value: float | None, low: float, high: float = math.inf) -> None:
+    """low < value <= high, or None (off); checked where the bound is used, so a bad value fails
+    with its parameter's name whoever called (the config checks the same ranges at load time)."""
+    if value is not None and not low < value <= high:
+        raise ValueError(f"{name} must be > {low:g}{'' if high == math.inf else f' and <= {high:g}'}, got {value!r}")
 
 
 # --------------------------------------------------------------------------- advantages
@@ -250,29 +263,37 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return torch.where(m, x, 0.0).sum(dim) / m.sum(dim).clamp_min(1)
 
 
+# KL estimators share one signature fn(log_ratio, *, k3_clamp); only k3 uses the clamp.
 @KL_ESTIMATORS.register("k1")
-def _kl_k1(log_ratio: Tensor) -> Tensor:
-    return log_ratio  # unbiased, high variance, can be negative
+def _kl_k1(log_ratio: Tensor, *, k3_clamp: float | None) -> Tensor:
+    return log_ratio  # unbiased, high variance, can be negative; gradient 1, nothing to bound
 
 
 @KL_ESTIMATORS.register("k2")
-def _kl_k2(log_ratio: Tensor) -> Tensor:
-    return 0.5 * log_ratio.square()  # biased but low variance; gradient is the true KL's
+def _kl_k2(log_ratio: Tensor, *, k3_clamp: float | None) -> Tensor:
+    return 0.5 * log_ratio.square()  # biased but low variance; gradient is the true KL's (linear)
 
 
 @KL_ESTIMATORS.register("k3")
-def _kl_k3(log_ratio: Tensor) -> Tensor:
+def _kl_k3(log_ratio: Tensor, *, k3_clamp: float | None) -> Tensor:
     # With r = ref/pi: (r - 1) - log r. Unbiased for KL(pi||ref) (E_pi[r - 1] = 0) and >= 0
     # since log r <= r - 1 (Schulman, "Approximating KL divergence", 2020); GRPO's KL term.
     neg = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # exp() must stay finite
-    return torch.exp(neg) - neg - 1.0
+    kl = torch.exp(neg) - neg - 1.0
+    # Its slope 1 - r grows like e^(ref - logp): at ref - logp = 3 the term is 16.09 with slope
+    # -19.09, at 20 it is 4.9e8, so a few tokens the policy has moved far from can own the loss.
+    # verl's low_var_kl clamps the estimate to [-10, 10] (k3 >= 0: only the top binds); past the
+    # bound torch.clamp passes no gradient, so such a token stops pulling.
+    return kl if k3_clamp is None else kl.clamp(max=k3_clamp)
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3", *, k3_clamp: float | None = 10.0) -> Tensor:
     """Per-token estimate of KL(pi || ref) from samples of pi. (B, T), (B, T) -> (B, T).
-    k1 = logp - ref; k2 = 0.5 (logp - ref)^2; k3 = exp(ref - logp) - (ref - logp) - 1 with
-    the log-ratio clamped to [-20, 20]. Unmasked: reduce with masked_mean / agg_loss."""
-    return KL_ESTIMATORS.get(kind)(logprobs.float() - ref_logprobs.float())
+    k1 = logp - ref; k2 = 0.5 (logp - ref)^2; k3 = min(exp(ref - logp) - (ref - logp) - 1, k3_clamp)
+    with the log-ratio clamped to [-20, 20] (k3_clamp None: unbounded; k1, k2 ignore it, as verl
+    clamps only low_var_kl). Unmasked: reduce with masked_mean / agg_loss."""
+    _check_bound("k3_clamp", k3_clamp, 0.0)
+    return KL_ESTIMATORS.get(kind)(logprobs.float() - ref_logprobs.float(), k3_clamp=k3_clamp)
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -332,25 +353,38 @@ def agg_normalizers(loss_mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # --------------------------------------------------------------------------- policy losses
-def _clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float,
+                       clip_ratio_c: float | None) -> tuple[Tensor, Tensor, Tensor]:
     """PPO (Schulman et al. 2017) as a loss: max(-A r, -A clip(r, 1-lo, 1+hi)), plus where the
     clipped branch is active. hi > lo is DAPO's clip-higher: room for low-probability tokens
-    to grow, against entropy collapse. `where` (not maximum) sends the gradient to one branch."""
+    to grow, against entropy collapse. `where` (not maximum) sends the gradient to one branch.
+
+    Dual-clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games", verl's default 3): for
+    A < 0 the max above is -A r, unbounded in r, so a token the policy now likes e^10 times more
+    carries a loss (and gradient) e^10 times the advantage. It is capped at -A * clip_ratio_c,
+    a constant: zero gradient. Returns (loss, is_clipped, is_dual_clipped)."""
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     is_clipped = clipped > unclipped
-    return torch.where(is_clipped, clipped, unclipped), is_clipped
+    loss = torch.where(is_clipped, clipped, unclipped)
+    if clip_ratio_c is None:
+        return loss, is_clipped, torch.zeros_like(is_clipped)
+    capped = -adv * clip_ratio_c
+    is_dual_clipped = (adv < 0) & (loss > capped)
+    return torch.where(is_dual_clipped, capped, loss), is_clipped, is_dual_clipped
 
 
 @torch.no_grad()
-def _ratio_metrics(ratio: Tensor, is_clipped: Tensor, m: Tensor, logprobs: Tensor,
+def _ratio_metrics(ratio: Tensor, is_clipped: Tensor, is_dual_clipped: Tensor, m: Tensor, logprobs: Tensor,
                    old_logprobs: Tensor) -> dict[str, float]:
     """Diagnostics over mask tokens only. approx_kl is k3 with samples from the old policy,
-    i.e. (r - 1) - log r, an unbiased estimate of KL(old || new)."""
+    i.e. (r - 1) - log r, an unbiased estimate of KL(old || new); unclamped, it is a measurement.
+    dual_clip_frac is verl's pg_clipfrac_lower: tokens whose loss the dual-clip capped."""
     n = int(m.sum())
     return {
         "clip_frac": masked_mean(is_clipped.float(), m).item(),
-        "approx_kl": masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), m).item(),
+        "dual_clip_frac": masked_mean(is_dual_clipped.float(), m).item(),
+        "approx_kl": masked_mean(kl_penalty(old_logprobs, logprobs, "k3", k3_clamp=None), m).item(),
         "ratio_mean": masked_mean(ratio, m).item(),
         "ratio_max": torch.where(m, ratio, -torch.inf).max().item() if n else 0.0,
     }
@@ -358,25 +392,30 @@ def _ratio_metrics(ratio: Tensor, is_clipped: Tensor, m: Tensor, logprobs: Tenso
 
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-                  clip_low: float = 0.2, clip_high: float = 0.2, agg_mode: str = "token_mean",
+                  clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
+                  seq_log_ratio_max: float = 10.0, agg_mode: str = "token_mean",
                   num_tokens: float | Tensor | None = None, num_seqs: float | Tensor | None = None,
                   max_tokens: int | None = None) -> tuple[Tensor, dict[str, float]]:
-    """Token-level PPO clipped surrogate (GRPO / DAPO). All inputs (B, T); advantages may be
-    (B, 1). Returns (scalar loss, metrics: clip_frac, approx_kl, ratio_mean, ratio_max)."""
+    """Token-level PPO clipped surrogate (GRPO / DAPO), dual-clipped at `clip_ratio_c` for A < 0
+    (None: off). All inputs (B, T); advantages may be (B, 1). `seq_log_ratio_max` is unused (the
+    shared signature; token ratios keep the finite-exp clamp LOG_RATIO_CLAMP, as verl's 20).
+    Returns (scalar loss, metrics: clip_frac, dual_clip_frac, approx_kl, ratio_mean, ratio_max)."""
+    _check_bound("clip_ratio_c", clip_ratio_c, 1.0)  # <= 1 would cap the loss at ratio 1
     m = _bool_mask(loss_mask)
     # Mask BEFORE exp so padding garbage never enters the graph (the clamp's backward happens to
     # zero NaN/inf gradients too, but that is a side effect, not a contract).
     # Garbage advantages need no masking: agg_loss's `where` drops their value and gradient.
     log_ratio = torch.where(m, logprobs - old_logprobs, 0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
-    loss_mat, is_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss_mat, is_clipped, is_dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
     loss = agg_loss(loss_mat, m, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
-    return loss, _ratio_metrics(ratio, is_clipped, m, logprobs, old_logprobs)
+    return loss, _ratio_metrics(ratio, is_clipped, is_dual, m, logprobs, old_logprobs)
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-              clip_low: float = 0.2, clip_high: float = 0.2, agg_mode: str = "seq_mean_token_mean",
+              clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
+              seq_log_ratio_max: float = 10.0, agg_mode: str = "seq_mean_token_mean",
               num_tokens: float | Tensor | None = None, num_seqs: float | Tensor | None = None,
               max_tokens: int | None = None) -> tuple[Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"). Inputs (B, T).
@@ -386,16 +425,24 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_m
     the paper's GSPO-token form s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)]: its value is s_i and
     its gradient s_i * grad log pi(y_t), so with per-sequence advantages and the default
     seq_mean_token_mean aggregation it equals sequence-level GSPO exactly (hence the different
-    default agg_mode). The paper's clip ranges are ~3e-4 / 4e-4, not PPO's 0.2: pass them."""
+    default agg_mode). The paper's clip ranges are ~3e-4 / 4e-4, not PPO's 0.2: pass them.
+
+    The sequence log-ratio is capped at `seq_log_ratio_max` (verl: 10), value and gradient
+    together as verl clamps it: a sequence past e^10 is off-policy garbage, not a signal to
+    scale by e^20. The dual-clip applies as in ppo_clip (verl's GSPO has none; the surrogate is
+    shared here, and A < 0 with s_i >> 1 is the same unbounded case)."""
+    _check_bound("clip_ratio_c", clip_ratio_c, 1.0)
+    _check_bound("seq_log_ratio_max", seq_log_ratio_max, 0.0, LOG_RATIO_CLAMP)  # a trust bound, not exp()'s range
     m = _bool_mask(loss_mask)
     tok_log_ratio = torch.where(m, logprobs - old_logprobs, 0.0)
     seq_log_ratio = tok_log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
-    seq_log_ratio = seq_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    seq_log_ratio = seq_log_ratio.detach().clamp_min(-LOG_RATIO_CLAMP)
     lp = torch.where(m, logprobs, 0.0)
-    ratio = torch.exp(seq_log_ratio + (lp - lp.detach()))  # value s_i, grad s_i * grad logp_t
-    loss_mat, is_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    # value s_i, grad s_i * grad logp_t; above the cap a constant (torch.clamp passes no gradient)
+    ratio = torch.exp((seq_log_ratio + (lp - lp.detach())).clamp(max=seq_log_ratio_max))
+    loss_mat, is_clipped, is_dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
     loss = agg_loss(loss_mat, m, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
-    return loss, _ratio_metrics(ratio, is_clipped, m, logprobs, old_logprobs)
+    return loss, _ratio_metrics(ratio, is_clipped, is_dual, m, logprobs, old_logprobs)
 
 
 # --------------------------------------------------------------------------- engine / trainer mismatch

@@ -10,7 +10,15 @@ that is not a number of at most 1000, a power inside a power, an exact power ove
 too many nodes) before any sympy object exists. exp/sin/cos/tan are left out: at a huge argument
 (exp(exp(exp(100)))) they take seconds to forever to evaluate. Expressions are compared
 structurally, then by value at fixed points (polynomial identity testing, Schwartz–Zippel),
-never with `simplify`, whose running time has no bound.
+never with `simplify`, whose running time has no bound. Functions nest at most 3 deep (each
+level of log(log(...)) costs sympy ~7x more), and the symbolic comparison runs in a child process
+under a deadline (`verifiers.bounded`): too slow is *unscorable*, never a verdict.
+
+An answer is a *result*, not a computation (`final_form`, on by default): when the gold is a
+number the answer must be a number (a numeral, a fraction in lowest terms, or m×10^k), so the
+question copied (`compute 347*29+18` -> `347*29+18`) or padded (`x-x+10081`) earns nothing; a
+symbolic answer may not contain a sub-expression that evaluates to a rational number
+(`sqrt(4+4)`), nor restate an expression of the question that differs from the gold.
 """
 
 from __future__ import annotations
@@ -22,14 +30,18 @@ import re
 import unicodedata
 from fractions import Fraction
 from functools import lru_cache, reduce
+from math import gcd
 
 from verifiers.base import Task, Verdict, register
-from verifiers.math_equiv import numeric_match, parse_number
+from verifiers.bounded import DeadlineExceeded, call_with_deadline
+from verifiers.math_equiv import fold_text, numeric_match, parse_number
 
 MAX_CHARS = 64  # a final answer longer than this is not an answer (same bound as math_equiv)
 _MAX_GOLD_CHARS = 256  # gold answers are trusted data and may be longer expressions
 _MAX_NODES, _MAX_EXPONENT = 100, 1000  # 10^1000 is cheap to evaluate; 10^10^10 is not
 _MAX_POWER_BITS = 40_000  # an exact power's size: 99999999999^1000 is 36,500 bits; 7e837^1000 takes 0.2 s
+_MAX_CALL_DEPTH = 3  # log(log(log(x))): 0.01 s; 7 levels: 2-4 s; 8 levels: 18 s (sympy's evalf)
+DEFAULT_TIMEOUT_S = 1.0  # the symbolic comparison's wall-clock bound (child process, verifiers.bounded)
 _FUNCTIONS = ("sqrt", "log", "ln")  # natural log, either name
 _CONSTANTS = ("pi", "e")
 _VARIABLES = "abcknxyz"  # not m/s/h/t...: those letters are units more often than unknowns
@@ -43,6 +55,21 @@ _THOUSANDS = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
 _UNIT_SYMBOLS = str.maketrans("", "", "$€£¥%°")
 _UNIT_TAIL = re.compile(r"(?<=[0-9)\s])\s*([a-zμ][a-zμ/^0-9.\s]*)$")  # "12 m/s", "5 apples", "9.8 m/s^2" (NFKC µ is μ)
 _WORD = re.compile(r"[a-zμ]+")
+# A unit tail is words, with digits only as exponents or attached to a unit (m/s^2, cm3). A
+# number standing alone after the first, or a connective, is another answer: "10081 or 10082".
+_LOOSE_NUMBER = re.compile(r"(?<![a-zμ^])[0-9]")
+_HEDGES = frozenset({"or", "nor", "not", "no", "nope", "and", "but", "except", "either", "maybe", "perhaps",
+                     "possibly", "probably", "likely", "unlikely", "guess", "vs", "versus", "to", "than", "plus",
+                     "minus", "times", "over", "under", "above", "below", "else", "otherwise", "if", "unless",
+                     "wrong", "incorrect", "false", "untrue", "invalid", "approx", "approximately", "about", "around",
+                     "roughly", "nearly", "almost", "less", "more", "least", "most", "never"})
+# Words that scale the number rather than name its unit: "60 billion" is not 60.
+_SCALES = frozenset({"hundred", "hundreds", "thousand", "thousands", "million", "millions", "billion", "billions",
+                     "trillion", "trillions", "dozen", "dozens", "half", "halves", "quarter", "quarters", "tenth",
+                     "tenths", "hundredth", "hundredths", "thousandth", "thousandths", "millionth", "millionths",
+                     "squared", "cubed", "lakh", "crore", "k", "bn", "mn"})
+_MAX_UNIT_WORDS = 3
+_SIGNS_IN_A_ROW = re.compile(r"[-+][-+]")
 _NUM = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[-+]?[0-9]{1,3})?"  # exponent capped: Fraction("1e9999999") takes seconds
 _PLAIN_NUMBER = re.compile(rf"[-+]?{_NUM}(?:/[-+]?{_NUM})?")
 _CHARSET = re.compile(r"[0-9a-z+\-*/^().]+")  # no quotes, _, [], {}, commas, colons, =, whitespace
@@ -58,17 +85,27 @@ def _is_math_word(word: str) -> bool:
 
 def normalize(text: str, strip_units: bool = False) -> str:
     """NFKC (fullwidth digits), one minus and one times sign, no whitespace, no thousands commas;
-    with `strip_units`, no currency/percent/degree signs and no trailing unit words."""
-    s = unicodedata.normalize("NFKC", text).lower().translate(_FOLDS).strip()
+    with `strip_units`, no currency/percent/degree signs and no trailing unit words. A tail that
+    is not a unit (another number, a connective, more than three words) is kept, so the answer
+    does not parse: "10081 or 10082" and "10081 nope 99999" are not 10081."""
+    s = fold_text(text).lower().translate(_FOLDS).strip()  # ValueError: 5⁰, 1₄, "1 2"
     if strip_units:
         s = s.translate(_UNIT_SYMBOLS)
         tail = _UNIT_TAIL.search(s)
         for word in _WORD.finditer(tail.group(1)) if tail else ():
             if not _is_math_word(word.group()):  # "2 x cm" keeps the x: cut at the first non-math word
-                s = s[: tail.start(1) + word.start()]
+                cut = tail.start(1) + word.start()
+                if _is_unit_tail(s[cut:]):
+                    s = s[:cut]
                 break
     s = "".join(s.split()).replace("**", "^")
     return _THOUSANDS.sub("", s) if "," in s else s
+
+
+def _is_unit_tail(tail: str) -> bool:
+    words = _WORD.findall(tail)
+    return (len(words) <= _MAX_UNIT_WORDS and not _LOOSE_NUMBER.search(tail)
+            and not any(w in _HEDGES or w in _SCALES for w in words))
 
 
 _ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "^": operator.pow}
@@ -113,7 +150,7 @@ def parse_expression(text: str, max_chars: int = MAX_CHARS) -> tuple:
     return _tree(body, s)
 
 
-def _tree(node: ast.AST, source: str) -> tuple:
+def _tree(node: ast.AST, source: str, calls: int = 0) -> tuple:
     if isinstance(node, ast.Constant):
         literal = source[node.col_offset:node.end_col_offset]  # the text, not Python's float: 0.1 stays 1/10
         if not _PLAIN_NUMBER.fullmatch(literal):  # 0x10, 1j, 1e99999 (Fraction would build a 99999-digit int)
@@ -126,10 +163,10 @@ def _tree(node: ast.AST, source: str) -> tuple:
             return ("name", node.id)
         return reduce(lambda a, b: ("*", a, b), [("name", c) for c in node.id])  # "xy" is x*y
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        inner = _tree(node.operand, source)
+        inner = _tree(node.operand, source, calls)
         return ("neg", inner) if isinstance(node.op, ast.USub) else inner
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        op, left, right = _OPERATORS[type(node.op)], _tree(node.left, source), _tree(node.right, source)
+        op, left, right = _OPERATORS[type(node.op)], _tree(node.left, source, calls), _tree(node.right, source, calls)
         if op == "^":  # 9^9^9^9 and 10^10^10 would take forever to evaluate: refuse them here
             if _has_power(left) or _has_power(right):
                 raise ValueError("nested power")
@@ -140,7 +177,9 @@ def _tree(node: ast.AST, source: str) -> tuple:
         return (op, left, right)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
             and len(node.args) == 1 and not node.keywords):
-        return ("call", node.func.id, _tree(node.args[0], source))
+        if calls >= _MAX_CALL_DEPTH:  # work bound: evaluating nested functions grows ~7x per level
+            raise ValueError(f"functions nested more than {_MAX_CALL_DEPTH} deep")
+        return ("call", node.func.id, _tree(node.args[0], source, calls + 1))
     raise ValueError(f"{type(node).__name__} not allowed")
 
 
@@ -155,8 +194,10 @@ def _literal_bits(tree: tuple) -> int:
     return sum(_literal_bits(t) for t in tree[1:] if isinstance(t, tuple))
 
 
-def _parse_answer(text: str, strip_units: bool, symbolic: bool, max_chars: int = MAX_CHARS) -> Fraction | tuple:
-    """An exact number, or (when `symbolic`) an expression tree. Raises ValueError(reason)."""
+def _parse_answer(text: str, strip_units: bool, symbolic: bool, max_chars: int = MAX_CHARS,
+                  final_form: bool = False) -> Fraction | tuple:
+    """An exact number, or (when `symbolic`) an expression tree. Raises ValueError(reason).
+    `final_form` (predictions only): refuse a sub-expression that computes a rational number."""
     if not text.strip():
         raise ValueError("empty")
     if len(text.strip()) > max_chars:
@@ -168,12 +209,62 @@ def _parse_answer(text: str, strip_units: bool, symbolic: bool, max_chars: int =
         tree = parse_expression(s, max_chars)
     except ValueError as exc:
         raise ValueError(f"unparseable: {exc}") from None
+    if final_form and (_computation(tree) or _SIGNS_IN_A_ROW.search(s)):  # "++5" parses to 5: no node shows it
+        raise ValueError("is not a final answer: it computes a number instead of stating it")
     value = rational_value(tree)
     if value is not None:
         return value
     if not symbolic:
         raise ValueError("not a rational number (symbolic=False)")
     return tree
+
+
+def _is_integer(tree: tuple) -> bool:
+    inner = tree[1] if tree[0] == "neg" else tree
+    return inner[0] == "num" and inner[1].denominator == 1
+
+
+def _is_number_literal(tree: tuple) -> bool:
+    """How results are written: -5, 7/2 in lowest terms, 1.8026*10^4 (1 <= |m| < 10)."""
+    if tree[0] == "num":
+        return True
+    if tree[0] == "neg":
+        return tree[1][0] != "neg" and _is_number_literal(tree[1])
+    if tree[0] == "/":
+        num, den = rational_value(tree[1]), rational_value(tree[2])
+        return (_is_integer(tree[1]) and tree[2][0] == "num" and _is_integer(tree[2])
+                and den > 1 and num.denominator == 1 and gcd(num.numerator, int(den)) == 1)
+    if tree[0] == "*" and (tree[1][0] == "num" or tree[1][0] == "neg" and tree[1][1][0] == "num") and tree[2][0] == "^":
+        mantissa, (_, base, exponent) = rational_value(tree[1]), tree[2]
+        return 1 <= abs(mantissa) < 10 and base == ("num", Fraction(10)) and _is_integer(exponent)
+    return False
+
+
+def _computation(tree: tuple) -> bool:
+    """Whether any sub-expression evaluates to a rational number yet is not written as one
+    (347*29+18, 36052/2, 2^10, sqrt(4+4), --5): a restated question, not its answer."""
+    if tree[0] in ("num", "name") or _is_number_literal(tree):
+        return False
+    if tree[0] != "call" and rational_value(tree) is not None:
+        return True
+    return any(isinstance(t, tuple) and _computation(t) for t in tree[1:])
+
+
+@lru_cache(maxsize=1024)
+def _prompt_form(prompt: str) -> str:
+    try:
+        return normalize(prompt)
+    except ValueError:  # a prompt the answer grammar cannot read cannot be restated in it either
+        return ""
+
+
+def _restates_question(prediction: str, gold: str, task: Task) -> bool:
+    """A symbolic answer that is an expression copied from the question but not the gold's own
+    form ("simplify sqrt(8)" -> "sqrt(8)"): equal in value, and no work done."""
+    pred = normalize(prediction)
+    if not any(op in pred for op in "+-*/^(") or pred == normalize(gold):
+        return False
+    return pred in _prompt_form(str(task.get("prompt", "")))
 
 
 @lru_cache(maxsize=4096)  # a group of samples shares one gold answer: parse it once
@@ -185,6 +276,10 @@ def _close(pred, gold, rel_tol, abs_tol) -> bool:
     """Relative OR absolute tolerance: exact for Fractions (given Fraction tolerances), and for
     sympy numbers, complex ones included."""
     return bool(abs(pred - gold) <= max(rel_tol * abs(gold), abs_tol))
+
+
+def _import_sympy() -> None:
+    import sympy  # noqa: F401  (the bounded child's set-up: the import is not charged to a deadline)
 
 
 def _to_sympy(tree: tuple):
@@ -242,18 +337,40 @@ def _detail(how: str, ok: bool, texts: tuple[str, str]) -> str:
     return f"{how}: {_show(texts[0])} {'==' if ok else '!='} {_show(texts[1])}"
 
 
-def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
-                  strip_units: bool = False, symbolic: bool = True) -> str | None:
-    """Why the fast tier can reject `prediction` unverified (empty, too long, outside the grammar)."""
+def _prediction(prediction: str, task: Task, strip_units: bool, symbolic: bool,
+                final_form: bool) -> tuple[Fraction | tuple, Fraction | tuple]:
+    """(prediction, gold) parsed; ValueError("gold ..." / "prediction ...") if either cannot be."""
     try:
-        _parse_answer(prediction, strip_units, symbolic)
+        pred = _parse_answer(prediction, strip_units, symbolic, final_form=final_form)
     except ValueError as exc:
-        return f"prediction {exc}"
+        raise ValueError(f"prediction {exc}") from None
+    gold_text = str(task["answer"])
+    try:
+        gold = _gold_answer(gold_text, strip_units, symbolic)
+    except ValueError as exc:
+        raise ValueError(f"gold {exc}") from None
+    if final_form and isinstance(gold, Fraction) and not isinstance(pred, Fraction):
+        raise ValueError("prediction is an expression; the answer to this task is a number")
+    if final_form and isinstance(gold, tuple) and _restates_question(prediction, gold_text, task):
+        raise ValueError("prediction restates an expression of the question")
+    return pred, gold
+
+
+def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
+                  strip_units: bool = False, symbolic: bool = True, final_form: bool = True,
+                  timeout_s: float = DEFAULT_TIMEOUT_S, exact_integers: bool = True) -> str | None:
+    """Why the fast tier can reject `prediction` unverified (empty, too long, outside the grammar,
+    not a final answer). An unusable gold is the task check's to report."""
+    try:
+        _prediction(prediction, task, strip_units, symbolic, final_form)
+    except ValueError as exc:
+        return None if str(exc).startswith("gold") else str(exc)
     return None
 
 
-def gold_is_parseable(task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
-                      strip_units: bool = False, symbolic: bool = True) -> str | None:
+def gold_is_parseable(task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0, strip_units: bool = False,
+                      symbolic: bool = True, final_form: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+                      exact_integers: bool = True) -> str | None:
     try:
         _gold_answer(str(task["answer"]), strip_units, symbolic)
     except ValueError as exc:
@@ -263,35 +380,41 @@ def gold_is_parseable(task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0
 
 @register("math", precheck=math_precheck, task_check=gold_is_parseable)
 def math_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
-                  strip_units: bool = False, symbolic: bool = True) -> Verdict:
-    """1.0 if equivalent within rel_tol OR abs_tol, 0.0 if not or unparseable, None if the gold is."""
+                  strip_units: bool = False, symbolic: bool = True, final_form: bool = True,
+                  timeout_s: float = DEFAULT_TIMEOUT_S, exact_integers: bool = True) -> Verdict:
+    """1.0 if equivalent within rel_tol OR abs_tol (not for an integer gold, unless
+    `exact_integers` is off), 0.0 if not, unparseable or not a final answer, None if the gold is
+    unparseable or the symbolic comparison ran past `timeout_s`."""
     gold_text = str(task["answer"])
+    if (reason := gold_is_parseable(task, strip_units=strip_units, symbolic=symbolic)) is not None:
+        return Verdict(None, reason)  # an unusable gold is unscorable, whatever the prediction
     try:
-        gold = _gold_answer(gold_text, strip_units, symbolic)
+        pred, gold = _prediction(prediction, task, strip_units, symbolic, final_form)
     except ValueError as exc:
-        return Verdict(None, f"gold {exc}")
-    try:
-        pred = _parse_answer(prediction, strip_units, symbolic)
-    except ValueError as exc:
-        return Verdict(0.0, f"prediction {exc}")
+        return Verdict(None if str(exc).startswith("gold") else 0.0, str(exc))
     if isinstance(pred, Fraction) and isinstance(gold, Fraction):  # exact rationals: no sympy at all
-        ok = pred == gold or _close(pred, gold, Fraction(rel_tol), Fraction(abs_tol))
+        # An integer gold is exact: tolerance is for golds that are rounded (10080.99 is not 10081).
+        ok = pred == gold or ((gold.denominator != 1 or not exact_integers) and _close(pred, gold, Fraction(rel_tol), Fraction(abs_tol)))
         return Verdict(float(ok), _detail("numeric", ok, (prediction, gold_text)))
-    return _symbolic_verdict(pred, gold, rel_tol, abs_tol, (prediction, gold_text))
+    try:  # sympy's running time is not bounded by the grammar alone: a child process and a deadline
+        return call_with_deadline(_symbolic_verdict, (pred, gold, rel_tol, abs_tol, (prediction, gold_text)),
+                                  timeout_s=timeout_s, setup=_import_sympy)
+    except DeadlineExceeded:
+        return Verdict(None, f"symbolic comparison exceeded {timeout_s:g} s: {_show(prediction)}")
 
 
-def numeric_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6) -> str | None:
+def numeric_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> str | None:
     return None if parse_number(prediction) is not None else f"prediction not a number: {_show(prediction)!r}"
 
 
-def _numeric_task_check(task: Task, *, rel_tol: float = 1e-6) -> str | None:
+def _numeric_task_check(task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> str | None:
     gold = str(task["answer"])
     return None if parse_number(gold) is not None else f"gold not a number: {_show(gold)!r}"
 
 
 @register("numeric", precheck=numeric_precheck, task_check=_numeric_task_check)
-def numeric_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6) -> Verdict:
+def numeric_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> Verdict:
     """The original exact-rational check (math_equiv.numeric_match), selectable by name."""
     gold = str(task["answer"])
-    score = numeric_match(prediction, gold, rel_tol)
+    score = numeric_match(prediction, gold, rel_tol, exact_integers)
     return Verdict(score, f"numeric: {_show(prediction)} vs {_show(gold)}" if score is not None else f"gold not a number: {_show(gold)!r}")

@@ -28,14 +28,26 @@ TOOL_TAGS = {"code": (CODE_OPEN, CODE_CLOSE), "search": (SEARCH_OPEN, SEARCH_CLO
 OBSERVATION_TAGS = {"code": (OBS_OPEN, OBS_CLOSE), "search": (INFO_OPEN, INFO_CLOSE)}
 _NOT_CALLS = {"answer", "think", "interpreter", "information"}  # answers, reasoning, observations
 
-_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.DOTALL)
+# Blocks whose content is never the policy's answer: tool calls (their bodies are programs and
+# queries, whose *output* might print an answer), observations (a policy that forges one is
+# still only quoting) and reasoning.
+_SKIPPED_BLOCKS = {**{open_tag: close for open_tag, close in TOOL_TAGS.values()},
+                   **{open_tag: close for open_tag, close in OBSERVATION_TAGS.values()}, "<think>": "</think>"}
+# One pass, left to right: an answer block, or a skipped block consumed up to its own closing tag
+# (or the end of the text, when it is left open).
+_BLOCKS_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE) + "|(?:"
+                        + "|".join(re.escape(o) + ".*?(?:" + re.escape(c) + r"|\Z)" for o, c in _SKIPPED_BLOCKS.items())
+                        + ")", re.DOTALL)
 
 
 def extract_answers(policy_text: str) -> list[str]:
-    """Every `<answer>` span the *policy* wrote. Callers pass policy text only, never
-    observations, so a tool cannot inject an answer."""
-    return [m.strip() for m in _ANSWER_RE.findall(policy_text)]
+    """Every `<answer>` span the *policy* wrote **outside** its tool calls, observations and
+    reasoning, read left to right as the protocol is written: `<code>print("<answer>42</answer>")`
+    calls a tool (whose output would be the answer) and answers nothing. A block left open runs to
+    the end of the text. Inside an answer everything is the answer (code may contain `<code>`).
+    Callers pass policy text only, never observations, so a tool cannot inject an answer."""
+    return [m.group(1).strip() for m in _BLOCKS_RE.finditer(policy_text) if m.group(1) is not None]
 
 
 def extract_code_calls(policy_text: str) -> list[str]:

@@ -5,7 +5,8 @@ Two backends share one interface (:class:`Sandbox`):
 * :class:`BubblewrapSandbox` -- the local, fast path. A small pool of long-lived
   worker processes runs inside bubblewrap (no network, private PID/IPC/UTS
   namespaces, read-only host filesystem, private /tmp, a fixed environment, a
-  seccomp filter). Per call a worker forks a child into a fresh scratch dir, which
+  seccomp filter). Per call a worker mounts a fresh tmpfs as the scratch dir (bounded
+  in bytes and entries; one umount removes it) and forks a child into it, which
   applies rlimits, drops to an unprivileged uid and ``exec``s the code. Forking a
   warm interpreter costs a few ms, whereas a fresh ``bwrap`` + interpreter per call
   costs ~20 ms -- too slow for RL rollouts issuing hundreds of tool calls per step.
@@ -39,6 +40,7 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
@@ -52,12 +54,12 @@ DEFAULT_UID_BASE = 1_500_000_000
 # Host directories that may hold credentials, datasets or answer keys; masked
 # with an empty tmpfs so policy code cannot read them (reward-hacking guard).
 DEFAULT_HIDDEN_PATHS = ("/root", "/home", "/work", "/mnt", "/srv", "/media", "/run")
-# Capabilities the (trusted) worker needs: create+chown the scratch dir, drop to
-# the sandbox uid in the child, kill/reap leftovers, remove the child's files.
-_WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE")
+# Capabilities the (trusted) worker needs: mount and unmount the per-call scratch tmpfs,
+# drop to the sandbox uid in the child, kill/reap leftovers.
+_WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN")
 _SETUP_EXIT, _SETUP_MARKER = 121, "sandbox setup failed"
-# Same path on every call (reproducible for the policy); each worker has its own
-# private /tmp, and the directory is wiped after every call.
+# Same path on every call (reproducible for the policy): a fresh tmpfs per call, mounted
+# by the worker in its private /tmp and unmounted after the call (_Scratch).
 SCRATCH_DIR = "/tmp/scratch"
 # The whole environment of bwrap, the workers and the code: nothing from the host's
 # (API keys, tokens, paths), whatever the training process has in os.environ.
@@ -74,10 +76,11 @@ class SandboxLimits:
     max_processes: int = 8  # RLIMIT_NPROC (processes + threads of the sandbox uid)
     max_output_bytes: int = 4096  # stdout and stderr are each truncated to this
     max_file_mb: int = 8  # RLIMIT_FSIZE
+    max_files: int = 10_000  # entries (files, dirs, links) in the scratch dir: its tmpfs's nr_inodes
 
     def __post_init__(self) -> None:
         minimums = {"cpu_s": 1, "memory_mb": 64, "max_processes": 1,
-                    "max_output_bytes": 1, "max_file_mb": 1}
+                    "max_output_bytes": 1, "max_file_mb": 1, "max_files": 1}
         for name, low in minimums.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -173,14 +176,17 @@ def _read_frame(fd: int, deadline: float | None = None) -> dict:
 
 
 # --- seccomp: the syscalls the code is refused ---------------------------------
-# Syscalls the filter fails with EPERM, as (x86_64, aarch64) numbers. Most already need a
-# capability the code lacks; the filter is for what the kernel lets anyone do: create a
-# user namespace (with every capability inside it), keep IPC objects and keys after exit.
+# Syscalls refused with EPERM, as (x86_64, aarch64) numbers. Most already need a capability the
+# code lacks; the filter is for what the kernel lets anyone do: create a user namespace (with
+# every capability inside it), keep IPC objects and keys after exit, read a same-uid process.
+# Two filters stack (a call must pass both): the worker installs _DENIED_SYSCALLS plus the
+# argument checks once, and every child inherits it; each child then adds _DENIED_TO_CODE, the
+# calls the worker itself still needs (it mounts and unmounts the per-call scratch tmpfs).
 _DENIED_SYSCALLS = {
     # namespaces: a new user namespace would open up the kernel's root-only interfaces
     "unshare": (272, 97), "setns": (308, 268),
-    # mounts: could unmask hidden paths (also covered by having no CAP_SYS_ADMIN)
-    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    # the rest of the mount family: could unmask hidden paths (also needs CAP_SYS_ADMIN)
+    "pivot_root": (155, 41), "chroot": (161, 51),
     "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
     "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
     "mount_setattr": (442, 442), "open_tree_attr": (467, 467),
@@ -188,76 +194,167 @@ _DENIED_SYSCALLS = {
     # worker's later calls) and is not bounded by RLIMIT_AS: SysV IPC, queues, keyrings
     "shmget": (29, 194), "semget": (64, 190), "msgget": (68, 186), "mq_open": (240, 180),
     "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219),
+    # another process's memory or files: every process of a call has the same uid, which is
+    # all the kernel asks of a process that has exec'd (and so is dumpable again)
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "pidfd_getfd": (438, 438), "kcmp": (312, 272),
     # kernel attack surface no Python program here needs
     "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
     "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
 }
+_DENIED_TO_CODE = {"mount": (165, 40), "umount2": (166, 39)}
 _CLONE_NR = {"x86_64": 56, "aarch64": 220}  # allowed unless it asks for new namespaces
 _CLONE3_NR = 435  # its flags sit behind a pointer BPF cannot read: ENOSYS, libc falls back to clone
 _CLONE_NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+# The network namespace scopes IPv4/IPv6 and rtnetlink, not a UNIX socket bound at a path (the
+# filesystem is the host's) nor families such as AF_VSOCK (a VM's host): socket() gets only the
+# former, socketpair() only AF_UNIX stream pairs (asyncio's self-pipe), which cannot be
+# connect()ed or sendto() a path; a datagram pair could.
+_SOCKET_NR = {"x86_64": (41, 53), "aarch64": (198, 199)}  # socket, socketpair
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _NETLINK_ROUTE, _SOCK_STREAM = 1, 2, 10, 16, 0, 1
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 
-def _seccomp_program(machine: str) -> bytes | None:
+def _seccomp_program(machine: str, denied: dict[str, tuple[int, int]] = _DENIED_SYSCALLS, *,
+                     argument_checks: bool = True) -> bytes | None:
     """Classic-BPF seccomp filter (struct sock_filter[]) for `machine`, None if not tabled.
 
-    Reads struct seccomp_data: nr at offset 0, arch at 4, the low half of args[0] at 16.
+    Refuses `denied` with EPERM; with argument_checks (the worker's filter) also clone3
+    (ENOSYS), clone with namespace flags (EPERM), and sockets outside _SOCKET_NR's comment
+    (EAFNOSUPPORT, what a kernel without the family says). Reads struct seccomp_data: nr at
+    offset 0, arch at 4, the low half of args[i] at 16 + 8*i (both tabled CPUs are little-endian).
     Another ABI on the same CPU (i386, x32) has other syscall numbers: such calls kill.
     """
     if machine not in _AUDIT_ARCH:
         return None
     column = 0 if machine == "x86_64" else 1
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|..|K, BPF_RET
-    # (opcode, k, jump-if-true label, jump-if-false label); None = next instruction
+    # BPF_LD|W|ABS, BPF_JMP|{JEQ,JGE,JSET}|K, BPF_ALU|AND|K, BPF_RET|K
+    ld, jeq, jge, jset, and_, ret = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+    allow = 0x7FFF_0000  # SECCOMP_RET_ALLOW; below: _ERRNO | errno, _KILL_PROCESS
+    # (opcode, k, jump-if-true label, jump-if-false label); None = next instruction;
+    # a 1-tuple is a label. Jumps only go forward.
     code = [(ld, 4, None, None), (jeq, _AUDIT_ARCH[machine], None, "kill"), (ld, 0, None, None)]
     if machine == "x86_64":
         code.append((jge, 0x4000_0000, "kill", None))  # __X32_SYSCALL_BIT
-    code.append((jeq, _CLONE3_NR, "enosys", None))
-    denied = sorted({numbers[column] for numbers in _DENIED_SYSCALLS.values()})
-    code += [(jeq, nr, "eperm", None) for nr in denied]
-    code += [(jeq, _CLONE_NR[machine], None, "allow"), (ld, 16, None, None),
-             (jset, _CLONE_NEW_NAMESPACES, "eperm", "allow")]
-    labels = {}
-    for label, action in (("allow", 0x7FFF_0000), ("eperm", 0x0005_0000 | errno.EPERM),
-                          ("enosys", 0x0005_0000 | errno.ENOSYS), ("kill", 0x8000_0000)):
-        labels[label] = len(code)  # SECCOMP_RET_ALLOW, _ERRNO | errno, _KILL_PROCESS
-        code.append((ret, action, None, None))
+    code += [(jeq, nr, "eperm", None) for nr in sorted({n[column] for n in denied.values()})]
+    if argument_checks:
+        socket_nr, socketpair_nr = _SOCKET_NR[machine]
+        code += [(jeq, _CLONE3_NR, "enosys", None), (jeq, _CLONE_NR[machine], "clone", None),
+                 (jeq, socket_nr, "socket", None), (jeq, socketpair_nr, "socketpair", None)]
+    code.append((ret, allow, None, None))
+    if argument_checks:
+        code += [("clone",), (ld, 16, None, None), (jset, _CLONE_NEW_NAMESPACES, "eperm", "allow"),
+                 ("socket",), (ld, 16, None, None), (jeq, _AF_INET, "allow", None),
+                 (jeq, _AF_INET6, "allow", None), (jeq, _AF_NETLINK, None, "noaf"),
+                 (ld, 32, None, None), (jeq, _NETLINK_ROUTE, "allow", "noaf"),
+                 ("socketpair",), (ld, 16, None, None), (jeq, _AF_UNIX, None, "noaf"),
+                 (ld, 24, None, None), (and_, 0xF, None, None), (jeq, _SOCK_STREAM, "allow", "noaf")]
+    for label, action in (("allow", allow), ("eperm", 0x0005_0000 | errno.EPERM),
+                          ("enosys", 0x0005_0000 | errno.ENOSYS),
+                          ("noaf", 0x0005_0000 | errno.EAFNOSUPPORT), ("kill", 0x8000_0000)):
+        code += [(label,), (ret, action, None, None)]
+    labels, instructions = {}, []
+    for item in code:
+        if len(item) == 1:
+            labels[item[0]] = len(instructions)
+        else:
+            instructions.append(item)
     out = b""
-    for i, (op, k, jt, jf) in enumerate(code):
+    for i, (op, k, jt, jf) in enumerate(instructions):
         jumps = [0 if t is None else labels[t] - i - 1 for t in (jt, jf)]
         out += struct.pack("=HBBI", op, *jumps, k)
     return out
 
 
-def _install_seccomp() -> None:
-    """Filter this process and every process it forks from now on (kept across exec)."""
+def _confiner(program: bytes | None) -> Callable[[], None]:
+    """A call that confines the calling process: no_new_privs (setuid and file-cap binaries grant
+    nothing), not dumpable (a same-uid process cannot ptrace it or open /proc/<pid>/mem; forks
+    inherit this, exec resets it) and the seccomp filter `program`, kept across fork and exec.
+
+    The buffers are built here, so the call itself is three prctl()s: cheap in a forked child.
+    """
     import ctypes
-    program = _seccomp_program(os.uname().machine)
-    if program is None:
-        return  # no syscall table for this CPU: the other layers still apply (docs/sandbox.md)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))  # struct sock_fprog
-    fprog_buf = ctypes.create_string_buffer(fprog, len(fprog))
-    # PR_SET_NO_NEW_PRIVS (38; also: setuid/file-cap binaries grant nothing), then
-    # PR_SET_SECCOMP (22) with SECCOMP_MODE_FILTER (2). Both tabled CPUs are 64-bit.
-    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.addressof(fprog_buf), 0, 0):
-        raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
+    buffers = []
+    if program is not None:  # else no syscall table for this CPU: the other layers still apply
+        buffers.append(ctypes.create_string_buffer(program, len(program)))
+        sock_fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buffers[0]))
+        buffers.append(ctypes.create_string_buffer(sock_fprog, len(sock_fprog)))
+
+    def confine() -> None:
+        # PR_SET_NO_NEW_PRIVS (38), PR_SET_DUMPABLE (4), PR_SET_SECCOMP (22) + SECCOMP_MODE_FILTER (2)
+        if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(4, 0, 0, 0, 0) or (
+                buffers and libc.prctl(22, 2, ctypes.addressof(buffers[1]), 0, 0)):
+            raise OSError(ctypes.get_errno(), "could not confine the process (prctl)")
+
+    return confine
 
 
 # --- worker side: runs inside bubblewrap, as root with only _WORKER_CAPS -------
 
+class _Scratch:
+    """The code's working dir: a tmpfs of its own per call, bounded in bytes and in entries.
+
+    Removing it is one umount, whatever the code left in it (a chain of directories deeper than
+    PATH_MAX, 300k empty files, odd modes): nothing recurses, and it takes as long as the kernel
+    needs to free at most max_files inodes (~15 ms for 10,000 here), counted in the call's time.
+    """
+
+    def __init__(self, uid: int, limits: SandboxLimits) -> None:
+        import ctypes
+        self._ctypes = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+        self._libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        size = max(64, 4 * limits.max_file_mb) * 1024 * 1024
+        # nr_inodes counts the tmpfs root too, and tmpfs charges every extra hard link as an inode
+        self._options = (f"size={size},nr_inodes={limits.max_files + 1},mode=0700,"
+                         f"uid={uid},gid={uid}").encode()
+        os.mkdir(SCRATCH_DIR, 0o755)  # the mount point, in this worker's private /tmp
+
+    def mount(self) -> None:
+        # MS_NOSUID | MS_NODEV, like the rest of the sandbox's mounts
+        if self._libc.mount(b"scratch", SCRATCH_DIR.encode(), b"tmpfs", 2 | 4, self._options):
+            raise OSError(self._ctypes.get_errno(), f"could not mount a tmpfs at {SCRATCH_DIR}")
+
+    def unmount(self) -> str | None:
+        """None once the scratch is gone, else why not (the worker must then be replaced).
+
+        With every process of the call reaped, only the kernel can still hold one of its files
+        (say, in an AF_UNIX message awaiting garbage collection): then EBUSY, and MNT_DETACH
+        takes it out of reach of every later call; the kernel frees it with that reference.
+        """
+        target = SCRATCH_DIR.encode()
+        if self._libc.umount2(target, 0) == 0:
+            return None
+        if self._ctypes.get_errno() == errno.EBUSY and self._libc.umount2(target, 2) == 0:  # MNT_DETACH
+            return None
+        return f"could not unmount {SCRATCH_DIR}: {os.strerror(self._ctypes.get_errno())}"
+
+
+@dataclass(frozen=True)
+class _WorkerState:
+    uid: int  # the code runs as this uid
+    limits: SandboxLimits
+    scratch: _Scratch
+    confine_child: Callable[[], None]  # run by each child after dropping to `uid`
+
+
 def _worker_main(cfg: dict) -> None:
-    """Serve requests forever; each one is executed in a fresh forked child."""
+    """Serve requests until the host closes the pipe; each one runs in a fresh forked child.
+
+    A call the worker cannot finish cleanly (its scratch would not unmount, or anything else
+    raised) is answered with `retire` and the worker exits: whatever went wrong could go wrong
+    on every later call, so the host starts a fresh worker (and bwrap, namespaces, /tmp) instead.
+    """
     if os.getpid() != 2:  # bwrap's init is pid 1, we are pid 2 of a private PID namespace
         raise SystemExit("sandbox worker refused to start outside bwrap --unshare-pid")
     rfd, wfd = os.dup(0), os.dup(1)  # private protocol channel...
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)  # ...so a stray print can never corrupt a reply
     os.dup2(devnull, 1)
-    _prepare_for_children()
-    limits = SandboxLimits(**cfg["limits"])
+    state = _prepare_for_children(cfg["uid"], SandboxLimits(**cfg["limits"]))
     _write_frame(wfd, {"ready": True})
     while True:
         try:
@@ -265,18 +362,20 @@ def _worker_main(cfg: dict) -> None:
         except EOFError:
             return  # host closed the pipe: shut down
         try:
-            reply = _serve_one(request, cfg["uid"], limits)
-        except Exception as exc:  # keep serving; report the call as a sandbox failure
-            reply = asdict(_failure(f"worker error: {exc!r}"))
+            reply = _serve_one(request, state)
+        except Exception as exc:
+            reply = {**asdict(_failure(f"worker error: {exc!r}")), "retire": True}
         _write_frame(wfd, reply)
+        if reply.get("retire"):
+            return
 
 
-def _prepare_for_children() -> None:
+def _prepare_for_children(uid: int, limits: SandboxLimits) -> _WorkerState:
     """Process state every forked child inherits, set up once instead of per call.
 
     Forks are cheap only while the child touches few pages (each first write
     to a page is a copy-on-write fault), so per-call work in the child is kept
-    to dup2/rlimits/setuid.
+    to dup2/rlimits/setuid and three prctl()s.
     """
     import builtins
     import ctypes
@@ -284,7 +383,10 @@ def _prepare_for_children() -> None:
     # PR_SET_CHILD_SUBREAPER: orphans of the code are reparented to us, so we
     # can reap them (resetting the uid's process count) before the next call.
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
-    _install_seccomp()  # once, inherited by every child; the worker needs none of them either
+    machine = os.uname().machine
+    _confiner(_seccomp_program(machine))()  # once, inherited by every child
+    state = _WorkerState(uid, limits, _Scratch(uid, limits), _confiner(
+        _seccomp_program(machine, _DENIED_TO_CODE, argument_checks=False)))
     builtins.exit = builtins.quit = sys.exit  # -S skips `site`, which defines these
     os.environ["PWD"] = SCRATCH_DIR  # bwrap sets PWD; the rest is SANDBOX_ENV as given
     sys.argv = [""]
@@ -294,37 +396,43 @@ def _prepare_for_children() -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(encoding="utf-8", errors="backslashreplace", line_buffering=True)
     gc.freeze()  # a GC pass in a child won't walk (and so copy) the worker's objects
+    return state
 
 
-def _serve_one(request: dict, uid: int, limits: SandboxLimits) -> dict:
-    shutil.rmtree(SCRATCH_DIR, ignore_errors=True)  # normally already gone
-    os.mkdir(SCRATCH_DIR, 0o700)
-    os.chown(SCRATCH_DIR, uid, uid)
-    fds = [os.memfd_create(name) for name in ("stdin", "stdout", "stderr")]
-    os.write(fds[0], request.get("stdin", "").encode())
-    os.lseek(fds[0], 0, os.SEEK_SET)
+def _serve_one(request: dict, state: _WorkerState) -> dict:
+    limits = state.limits
+    # Read before the fork: a child that raised here would unwind into the worker's loop.
+    code, stdin = request["code"], request.get("stdin", "").encode()
     start = time.monotonic()
+    state.scratch.mount()
+    fds = [os.memfd_create(name) for name in ("stdin", "stdout", "stderr")]
     try:
+        os.write(fds[0], stdin)
+        os.lseek(fds[0], 0, os.SEEK_SET)
         pid = os.fork()
         if pid == 0:
-            _child_main(request["code"], fds, uid, limits)  # never returns
+            _child_main(code, fds, state)  # never returns
         timed_out = _wait_for_exit(pid, limits.timeout_s)
         status, cpu_used = _kill_and_reap(pid)
-        duration = time.monotonic() - start
         out, err = (_read_memfd(fd, limits.max_output_bytes) for fd in fds[1:])
     finally:
         for fd in fds:
             os.close(fd)
-        shutil.rmtree(SCRATCH_DIR, ignore_errors=True)
+        cleanup_error = state.scratch.unmount()
+    duration = time.monotonic() - start  # cleanup included: the call costs it
     exit_code = None if timed_out else os.waitstatus_to_exitcode(status)
     # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL at the hard one.
     cpu_exceeded = exit_code == -signal.SIGXCPU or (
         exit_code == -signal.SIGKILL and cpu_used >= limits.cpu_s)
-    return {"stdout": _truncate(out[0], limits.max_output_bytes),
-            "stderr": _truncate(err[0], limits.max_output_bytes),
-            "exit_code": exit_code, "timed_out": timed_out or cpu_exceeded,
-            "duration_s": duration,
-            "error": _classify(exit_code, timed_out or cpu_exceeded, err[1], cpu_exceeded)}
+    reply = {"stdout": _truncate(out[0], limits.max_output_bytes),
+             "stderr": _truncate(err[0], limits.max_output_bytes),
+             "exit_code": exit_code, "timed_out": timed_out or cpu_exceeded,
+             "duration_s": duration,
+             "error": _classify(exit_code, timed_out or cpu_exceeded, err[1], cpu_exceeded)}
+    if cleanup_error is not None:  # the call's result stands; the worker is not reused
+        os.write(2, f"sandbox worker retiring: {cleanup_error}\n".encode())  # the host's log
+        reply["retire"] = True
+    return reply
 
 
 def _wait_for_exit(pid: int, timeout_s: float) -> bool:
@@ -366,7 +474,7 @@ def _read_memfd(fd: int, limit: int) -> tuple[bytes, bytes]:
     return os.pread(fd, limit + 1, 0), os.pread(fd, 256, max(0, size - 256))
 
 
-def _child_main(code: str, fds: list[int], uid: int, limits: SandboxLimits) -> None:
+def _child_main(code: str, fds: list[int], state: _WorkerState) -> None:
     """Forked child: confine itself, then run the code. Always ends in os._exit."""
     exit_code = _SETUP_EXIT
     try:
@@ -376,12 +484,13 @@ def _child_main(code: str, fds: list[int], uid: int, limits: SandboxLimits) -> N
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # incl. the worker's protocol pipes
-        os.chdir(SCRATCH_DIR)
-        _apply_rlimits(limits)
+        _apply_rlimits(state.limits)
         os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)  # from here on no capabilities: RLIMIT_NPROC is enforced
+        os.setgid(state.uid)
+        os.setuid(state.uid)  # from here on no capabilities: RLIMIT_NPROC is enforced
         os.umask(0o077)
+        os.chdir(SCRATCH_DIR)  # mode 0700, the uid's: root without CAP_DAC_OVERRIDE can't enter
+        state.confine_child()  # after setuid, which resets dumpability to fs.suid_dumpable
     except BaseException as exc:
         os.write(2, f"{_SETUP_MARKER}: {exc!r}\n".encode())
         os._exit(_SETUP_EXIT)
@@ -564,11 +673,11 @@ class BubblewrapSandbox:
             raise
 
     def _argv(self, binary: str, source: str, uid: int, hidden: tuple[str, ...]) -> list[str]:
-        tmp_bytes = max(64, 4 * self.limits.max_file_mb) * 1024 * 1024
+        # /tmp is root's and holds only mount points (the scratch tmpfs, rebinds below)
         argv = [binary, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--dev", "/dev", "--proc", "/proc",
-                "--perms", "0755", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+                "--perms", "0755", "--size", str(1024 * 1024), "--tmpfs", "/tmp"]
         masked = [p for p in hidden if os.path.isdir(p) and not os.path.islink(p)]
         for path in masked:
             argv += ["--tmpfs", path]
@@ -601,13 +710,20 @@ class BubblewrapSandbox:
         try:
             # Generous slack: the worker enforces timeout_s itself; this only
             # catches a wedged or dead worker.
-            return SandboxResult(**worker.call(request, self.limits.timeout_s + 10.0))
+            reply = worker.call(request, self.limits.timeout_s + 10.0)
         except _WorkerDied as exc:
-            try:
-                self._restart(worker)
-            except RuntimeError:
-                pass  # retried lazily on the next call
+            self._replace(worker)
             return _failure(f"worker died: {exc}", time.monotonic() - start)
+        if reply.pop("retire", False):  # it could not clean up after the call, and has exited
+            self._replace(worker)
+        return SandboxResult(**reply)
+
+    def _replace(self, worker: _Worker) -> None:
+        """Restart `worker` before it serves again; if that fails, the next call retries."""
+        try:
+            self._restart(worker)
+        except RuntimeError:
+            pass
 
     def _restart(self, worker: _Worker) -> None:
         worker.kill()
