@@ -91,6 +91,8 @@ def _notation_of(s: str, gold: int) -> bool:
     if s[:1] in _SIGNS and s[1:2].isspace() and s[1:].strip()[:1] not in _SIGNS:
         joined = s[:1] + s[1:].strip()  # "- 7": a sign set apart reads as the number in maths notation
         return numeral_value(joined) == gold or _notation_of(joined, gold)
+    if (m := re.fullmatch(r"(.+?)\.0*", s)) and numeral_value(m[1]) == gold:
+        return True  # 18 199.0, 66,433.: a grouped numeral with a zero fraction
     if (m := re.fullmatch(r"(.*?)\s*(?:%|percent|pct|per cent)", s)) and numeral_value(m[1]) == gold:
         return True  # 10081%: strip_units reads a percent as the number, by convention (docs/verifiers.md)
     bare = s.lstrip("$€£¥").strip()
