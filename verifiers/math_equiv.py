@@ -26,6 +26,7 @@ _FROM_SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "01234567
 # Whitespace between digits joins two numbers into one ("1 2" is not 12) unless it separates
 # groups of three, as SI and many locales write 10 081.
 _SPLIT_DIGITS = re.compile(r"(?<=[0-9.,eE])\s+(?=[0-9.,])|(?<=[0-9])\s+(?=[eE][-+]?[0-9])")  # "14, 971", "86 .0", "48e 0"
+_WHITESPACE = re.compile(r"\s")  # the common case has none: one cheap scan instead of the lookarounds
 _SPACED_GROUPS = re.compile(r"[-+]?[0-9]{1,3}(?: [0-9]{3})+(?:\.[0-9]+)?")
 
 
@@ -39,7 +40,7 @@ def fold_text(text: str) -> str:
             if _SCRIPTS.search(text):
                 raise ValueError("superscript or subscript characters")
         text = unicodedata.normalize("NFKC", text)
-    if _SPLIT_DIGITS.search(text):  # after NFKC a no-break or thin space is a plain space
+    if _WHITESPACE.search(text) and _SPLIT_DIGITS.search(text):  # after NFKC a no-break or thin space is a plain space
         stripped = text.strip()
         if not _SPACED_GROUPS.fullmatch(stripped):  # one space between groups of three, nothing else
             raise ValueError("digits separated by whitespace")
@@ -67,6 +68,8 @@ def parse_number(text: str) -> Fraction | None:
         if not _GROUPED.fullmatch(s):
             return None
         s = s.replace(",", "")
+    if _INTEGER.fullmatch(s):  # the common case, ~3x faster than through Decimal
+        return Fraction(int(s))
     try:
         if "/" in s:
             num, _, den = s.partition("/")
