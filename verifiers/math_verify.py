@@ -88,7 +88,9 @@ def normalize(text: str, strip_units: bool = False) -> str:
     with `strip_units`, no currency/percent/degree signs and no trailing unit words. A tail that
     is not a unit (another number, a connective, more than three words) is kept, so the answer
     does not parse: "10081 or 10082" and "10081 nope 99999" are not 10081."""
-    s = fold_text(text).lower().translate(_FOLDS).strip()  # ValueError: 5⁰, 1₄, "1 2"
+    s = fold_text(text).lower().strip()  # ValueError: 5⁰, 1₄, "1 2"
+    if not s.isascii():  # every fold maps a non-ASCII character
+        s = s.translate(_FOLDS)
     if strip_units:
         s = s.translate(_UNIT_SYMBOLS)
         tail = _UNIT_TAIL.search(s)
@@ -362,6 +364,12 @@ def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol
     """Why the fast tier can reject `prediction` unverified (empty, too long, outside the grammar,
     not a final answer). An unusable gold is the task check's to report."""
     try:
+        pred = _parse_answer(prediction, strip_units, symbolic, final_form=final_form)
+    except ValueError as exc:
+        return f"prediction {exc}"
+    if isinstance(pred, Fraction):
+        return None  # a number in final form: nothing about the gold can refuse it unverified
+    try:  # an expression: the rules that compare it with the gold and the question
         _prediction(prediction, task, strip_units, symbolic, final_form)
     except ValueError as exc:
         return None if str(exc).startswith("gold") else str(exc)

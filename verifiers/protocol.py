@@ -36,9 +36,9 @@ _SKIPPED_BLOCKS = {**{open_tag: close for open_tag, close in TOOL_TAGS.values()}
                    **{open_tag: close for open_tag, close in OBSERVATION_TAGS.values()}, "<think>": "</think>"}
 # One pass, left to right: an answer block, or a skipped block consumed up to its own closing tag
 # (or the end of the text, when it is left open).
-_BLOCKS_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE) + "|(?:"
-                        + "|".join(re.escape(o) + ".*?(?:" + re.escape(c) + r"|\Z)" for o, c in _SKIPPED_BLOCKS.items())
-                        + ")", re.DOTALL)
+_BLOCKS_RE = re.compile("<(?:" + re.escape(ANSWER_OPEN[1:]) + "(.*?)" + re.escape(ANSWER_CLOSE) + "|"
+                        + "|".join(re.escape(o[1:]) + ".*?(?:" + re.escape(c) + r"|\Z)" for o, c in _SKIPPED_BLOCKS.items())
+                        + ")", re.DOTALL)  # the shared "<" first: one test per position, not six
 
 
 def extract_answers(policy_text: str) -> list[str]:
