@@ -258,6 +258,17 @@ def test_work_the_grammar_allows_is_bounded_in_time_and_unscorable_past_it():
         assert run_verifier("math", slow, task, {"timeout_s": 0.001}).score is None
 
 
+@pytest.mark.parametrize("text", ["<answer>" * 5000, "<ab>" * 8000, "<code>" * 5000, "<answer><" * 3000,
+                                  "<answer>" + "<a" * 8000])
+def test_tag_soup_is_parsed_in_linear_time(text, reward_cfg):
+    """Unclosed tags repeated: the old regexes retried each one against the rest of the text (1-3 s
+    for these, in the fast tier and in every shaping term)."""
+    task = {"task_id": "t", "family": "arithmetic", "answer": "10081", "prompt": "compute 347*29+18\n"}
+    start = time.perf_counter()
+    breakdown = Cascade(reward_cfg).score(answer(text), task)
+    assert breakdown.outcome == 0.0 and time.perf_counter() - start < 0.5
+
+
 # --- 9. hedging behind a unit ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("prediction, score", [

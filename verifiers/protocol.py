@@ -28,17 +28,21 @@ TOOL_TAGS = {"code": (CODE_OPEN, CODE_CLOSE), "search": (SEARCH_OPEN, SEARCH_CLO
 OBSERVATION_TAGS = {"code": (OBS_OPEN, OBS_CLOSE), "search": (INFO_OPEN, INFO_CLOSE)}
 _NOT_CALLS = {"answer", "think", "interpreter", "information"}  # answers, reasoning, observations
 
-_CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.DOTALL)
 # Blocks whose content is never the policy's answer: tool calls (their bodies are programs and
 # queries, whose *output* might print an answer), observations (a policy that forges one is
 # still only quoting) and reasoning.
 _SKIPPED_BLOCKS = {**{open_tag: close for open_tag, close in TOOL_TAGS.values()},
                    **{open_tag: close for open_tag, close in OBSERVATION_TAGS.values()}, "<think>": "</think>"}
-# One pass, left to right: an answer block, or a skipped block consumed up to its own closing tag
-# (or the end of the text, when it is left open).
-_BLOCKS_RE = re.compile("<(?:" + re.escape(ANSWER_OPEN[1:]) + "(.*?)" + re.escape(ANSWER_CLOSE) + "|"
-                        + "|".join(re.escape(o[1:]) + ".*?(?:" + re.escape(c) + r"|\Z)" for o, c in _SKIPPED_BLOCKS.items())
-                        + ")", re.DOTALL)  # the shared "<" first: one test per position, not six
+# One pass, left to right (findall, in C): an answer block, or a skipped block consumed up to its
+# own closing tag (or the end of the text, when it is left open). The bodies are "unrolled loops"
+# ([^<]* runs between tests for the closing tag), several times faster than a lazy `.*?`.
+def _body(close_tag: str) -> str:
+    return r"[^<]*(?:<(?!" + re.escape(close_tag[1:]) + r")[^<]*)*"
+
+
+_BLOCKS_RE = re.compile(
+    "<(?:(" + re.escape(ANSWER_OPEN[1:]) + ")(" + _body(ANSWER_CLOSE) + ")" + re.escape(ANSWER_CLOSE) + "|"
+    + "|".join(re.escape(o[1:]) + _body(c) + "(?:" + re.escape(c) + ")?" for o, c in _SKIPPED_BLOCKS.items()) + ")")
 
 
 def extract_answers(policy_text: str) -> list[str]:
@@ -47,20 +51,53 @@ def extract_answers(policy_text: str) -> list[str]:
     calls a tool (whose output would be the answer) and answers nothing. A block left open runs to
     the end of the text. Inside an answer everything is the answer (code may contain `<code>`).
     Callers pass policy text only, never observations, so a tool cannot inject an answer."""
-    return [m.group(1).strip() for m in _BLOCKS_RE.finditer(policy_text) if m.group(1) is not None]
+    if policy_text.rfind(ANSWER_OPEN) > policy_text.rfind(ANSWER_CLOSE):
+        return _scan_answers(policy_text)  # an answer left open: the regex would retry it from every later "<"
+    return [body.strip() for is_answer, body in _BLOCKS_RE.findall(policy_text) if is_answer]
 
 
-def extract_code_calls(policy_text: str) -> list[str]:
-    return _CODE_RE.findall(policy_text)
+_OPEN_RE = re.compile("|".join(re.escape(tag) for tag in (ANSWER_OPEN, *_SKIPPED_BLOCKS)))
 
 
-_CALL_RE = re.compile(r"<([a-z_]{1,32})>(.*?)</\1>", re.DOTALL)
+def _scan_answers(policy_text: str) -> list[str]:
+    """extract_answers as a loop of str.find: linear in the text whatever it holds, for the texts
+    the regex would take quadratic time on ("<answer>" repeated and never closed)."""
+    answers, pos = [], 0
+    while (opening := _OPEN_RE.search(policy_text, pos)) is not None:
+        is_answer = opening.group() == ANSWER_OPEN
+        end = policy_text.find(ANSWER_CLOSE if is_answer else _SKIPPED_BLOCKS[opening.group()], opening.end())
+        if end < 0:
+            break  # an unclosed block: nothing after it is outside it
+        if is_answer:
+            answers.append(policy_text[opening.end():end].strip())
+        pos = end + len(ANSWER_CLOSE if is_answer else _SKIPPED_BLOCKS[opening.group()])
+    return answers
+
+
+_TAG_OPEN_RE = re.compile(r"<([a-z_]{1,32})>")
 
 
 def parse_tool_calls(policy_text: str) -> list[tuple[str, str]]:
     """Every `<name>body</name>` block the policy wrote that is not an answer, reasoning or an
-    observation tag, as (name, body), in order. Known or not: the caller decides."""
-    return [(name, body) for name, body in _CALL_RE.findall(policy_text) if name not in _NOT_CALLS]
+    observation tag, as (name, body), in order. Known or not: the caller decides.
+
+    What `re.findall(r"<([a-z_]{1,32})>(.*?)</\1>")` finds, in linear time: the regex retries
+    every unclosed `<name>` against the rest of the text (`"<ab>" * 8000` took a second), and the
+    shaping terms call this on every candidate. An opening whose closing tag does not occur later
+    is skipped at the cost of one lookup."""
+    calls, pos, last_close = [], 0, {}
+    while (opening := _TAG_OPEN_RE.search(policy_text, pos)) is not None:
+        name, close = opening.group(1), f"</{opening.group(1)}>"
+        if name not in last_close:
+            last_close[name] = policy_text.rfind(close)
+        if last_close[name] < opening.end():
+            pos = opening.start() + 1  # never closed after here: as the regex, try the next position
+            continue
+        end = policy_text.find(close, opening.end())
+        if name not in _NOT_CALLS:
+            calls.append((name, policy_text[opening.end():end]))
+        pos = end + len(close)
+    return calls
 
 
 def is_well_formed(policy_turns: list[str], tools: tuple[str, ...] = ("code",)) -> bool:
