@@ -14,13 +14,12 @@ if shutil.which("bwrap") is None:
     pytest.skip("bubblewrap (`bwrap`) is not installed; the sandbox needs it", allow_module_level=True)
 
 from verifiers.base import get_verifier, run_precheck, run_task_check, run_verifier  # noqa: E402
+from verifiers.code_runner import MAX_CALLS_PER_TEST, parse_answers, run_tests  # noqa: E402
 from verifiers.code_tests import (  # noqa: E402
     DEFAULT_ALLOWED_IMPORTS,
-    MAX_CALLS_PER_TEST,
+    FORBIDDEN_NAMES,
     CodeTest,
     code_precheck,
-    parse_answers,
-    run_tests,
     select_tests,
 )
 from verifiers.sandbox import (  # noqa: E402
@@ -247,7 +246,7 @@ def test_runtime_guards_back_up_the_static_policy(sandbox):
     """Had the static check missed them, import and the forbidden builtins still fail in the sandbox."""
     for candidate, outcome in [("import os\n" + CORRECT, "load:ImportError"),
                                ("def add(a, b):\n    return open\n", "NameError")]:
-        outcomes, _ = run_tests(candidate, [CodeTest(**ADD_TESTS[0])], "add", sandbox, DEFAULT_ALLOWED_IMPORTS)
+        outcomes, _ = run_tests(candidate, [CodeTest(**ADD_TESTS[0])], "add", sandbox, DEFAULT_ALLOWED_IMPORTS, FORBIDDEN_NAMES)
         assert outcomes == [outcome]
 
 
