@@ -27,7 +27,6 @@ import ast
 import operator
 import random
 import re
-import unicodedata
 from fractions import Fraction
 from functools import lru_cache, reduce
 from math import gcd
