@@ -4,10 +4,13 @@ SEED ?=
 export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
 VENV := .venv
 PY := $(VENV)/bin/python
+# The pretrained models the profile names (e.g. `name_or_path: smollm2-135m-instruct`): set-up fetches
+# and imports them into the model cache (scripts/fetch_model.py; a no-op once they are there).
+PROFILE_MODELS = $(shell python3 scripts/fetch_model.py --named-in configs/$(PROFILE).yaml)
 
 .PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz models promote rollback clean
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh $(foreach model,$(PROFILE_MODELS),--model $(model))
 
 run: setup
 	$(PY) -m pipelines.run --profile $(PROFILE) $(if $(SEED),--seed $(SEED),) $(ARGS)
@@ -16,8 +19,9 @@ run: setup
 resume: setup
 	$(PY) -m pipelines.run --resume
 
+# --model: the real model behind the `smollm2_folder` fixture (tests marked realmodel).
 test: setup
-	@bash scripts/setup.sh --browser --tools
+	@bash scripts/setup.sh --browser --tools --model smollm2-135m-instruct
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 

@@ -21,13 +21,13 @@ from training.rollout_engines import build_rollout_engine
 from verifiers.cascade import Cascade
 
 
-def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                         tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, knowledge_base: pd.DataFrame, stage: str,
-                         asset_name: str, blocked_by: str = "") -> Output[dict]:
-    """`blocked_by`: why this checkpoint may not be promoted whatever its score (empty: it may)."""
+def score_checkpoint(settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource, pointer: dict, tasks: pd.DataFrame,
+                     knowledge_base: pd.DataFrame) -> tuple[dict, dict[str, float]]:
+    """The checkpoint on the benchmark: (summary, per-task mean score). Sampled pass@1 over
+    `samples_per_task`, and greedy pass@1 when `benchmark.greedy`."""
     cfg = settings.config
     torch.set_num_threads(cfg.threads)
-    model, tok = load_checkpoint(storage, pointer, cfg.model.dtype)
+    model, tok = load_checkpoint(storage, pointer, cfg.model.dtype, cfg.device)
     bench = cfg.benchmark
     task_rows = records(tasks)
     kb = kb_from_rows(records(knowledge_base))
@@ -38,12 +38,20 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
         engine = build_rollout_engine(cfg.rollout, model, tok, seed=cfg.seed)
         try:
             sampled = evaluate_policy(engine, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
-            greedy = evaluate_policy(engine, tok, task_rows, samples_per_task=1, greedy=True, **common)
+            greedy = evaluate_policy(engine, tok, task_rows, samples_per_task=1, greedy=True, **common) if bench.greedy else None
         finally:
             engine.close()
     summary = summarize(sampled, bench.confidence)
-    summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"]
-    per_task = {r["task_id"]: r["score"] for r in sampled}
+    summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"] if greedy is not None else float("nan")
+    return summary, {r["task_id"]: r["score"] for r in sampled}
+
+
+def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                         tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, knowledge_base: pd.DataFrame, stage: str,
+                         asset_name: str, blocked_by: str = "") -> Output[dict]:
+    """`blocked_by`: why this checkpoint may not be promoted whatever its score (empty: it may)."""
+    bench = settings.config.benchmark
+    summary, per_task = score_checkpoint(settings, storage, sandbox, pointer, tasks, knowledge_base)
 
     champion = tracker.version_by_alias(CHAMPION)
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
@@ -122,6 +130,25 @@ def pass_at_1_by_version(rows: list[dict]) -> bytes:
     return bars_png([f"v{r['version']} {r['stage']}{r['round']}" for r in scored], [r["pass_at_1"] for r in scored],
                     [r["ci_low"] if not math.isnan(r["ci_low"]) else r["pass_at_1"] for r in scored],
                     [r["ci_high"] if not math.isnan(r["ci_high"]) else r["pass_at_1"] for r in scored], "held-out pass@1 by model version")
+
+
+@asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY,
+       description="The base model, zero-shot with the system prompt, on the held-out benchmark: the baseline of SFT's gain. "
+                   "Logged to MLflow, not registered (benchmark.include_base).")
+def base_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                          tracker: MLflowTracker, base_model: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
+    summary, per_task = score_checkpoint(settings, storage, sandbox, base_model, benchmark_tasks, knowledge_base)
+    with tracker.run(context, "base_benchmark_scores", {"benchmark": settings.config.benchmark.model_dump(), "stage": "base",
+                                                         "checkpoint": base_model["uri"]}) as run_id:
+        tracker.log_metrics(run_id, summary)
+        tracker.log_json(run_id, per_task, "per_task_scores.json")
+    context.log.info(f"base model pass@1={summary['pass_at_1']:.3f} (tool-call rate {summary['tool_call_rate']:.3f})")
+    families = sorted({k.split("/")[0] for k in summary if k.count("/") == 1 and k.endswith("/pass_at_1")})
+    return Output({"stage": "base", "mlflow_run_id": run_id, **summary}, metadata={
+        "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
+        "tool_call_rate": summary["tool_call_rate"], "mlflow_run": tracker.run_link(run_id),
+        **{f"{f}_pass_at_1": summary[f"{f}/pass_at_1"] for f in families},
+    })
 
 
 @asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY, automation_condition=AutomationCondition.eager(),

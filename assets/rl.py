@@ -111,12 +111,12 @@ def train_round_partition(context: AssetExecutionContext, settings: FlywheelSett
     torch.set_num_threads(cfg.threads)
     round_index = round_number(context.partition_key)
     init, init_version = starting_point(tracker, sft_checkpoint, cfg.rl.init_from)
-    policy, tok = load_checkpoint(storage, init, cfg.model.dtype)
+    policy, tok = load_checkpoint(storage, init, cfg.model.dtype, cfg.device)
     policy = apply_lora(policy, cfg.model.lora)
     algorithm = resolve_algorithm(cfg.rl)
     reference = None  # kl_coef = 0 (e.g. DAPO, GSPO): no KL term, so the reference model is never loaded
     if algorithm.needs_reference:
-        reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype)
+        reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype, cfg.rl.reference_device or cfg.device)
         reference.requires_grad_(False).eval()
     tasks = records(training_tasks)
     history = previous_pool(context, storage, round_index)
@@ -134,7 +134,8 @@ def train_round_partition(context: AssetExecutionContext, settings: FlywheelSett
         result = train_round(policy, reference, tok, tasks,
                              build_tools(sandbox=box, kb=kb_from_rows(records(knowledge_base)), top_k=cfg.data.knowledge_base.top_k), rl=cfg.rl, rollout=cfg.rollout,
                              cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index, policy_version=init_version,
-                             seed=cfg.seed * 1000 + round_index, on_step=log, task_weights=weights, engine_cfg=cfg.engine, state_dir=state_dir)
+                             seed=cfg.seed * 1000 + round_index, on_step=log, task_weights=weights, engine_cfg=cfg.engine, state_dir=state_dir,
+                             device=cfg.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
         if result.resumed_from_step:
             context.log.info(f"round {round_index} resumed from its step-{result.resumed_from_step} state checkpoint")
         tracker.log_history(run_id, result.history)

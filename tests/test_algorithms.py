@@ -95,12 +95,14 @@ def test_the_bounds_flow_from_the_config_to_the_loss(monkeypatch, algorithm, bou
 
     import training.rl_loop as rl_loop
 
-    monkeypatch.setattr(rl_loop, "completion_logits", lambda module, batch: torch.zeros(*batch.completion_ids.shape, 4))
+    # uniform logits over 4 tokens: every log-prob is -log 4 and every entropy log 4
+    monkeypatch.setattr(rl_loop, "completion_logprobs", lambda module, batch, temperature, **kw: (
+        torch.full(batch.completion_ids.shape, -math.log(4)), torch.full(batch.completion_ids.shape, math.log(4))))
     logp = -math.log(4)
     record = {"prompt_ids": [5, 6], "completion_ids": [0, 1, 2], "tool_mask": [1, 1, 1], "logprobs": [logp] * 3}
     sample = Sample(record, [-1.0] * 3, [logp - math.log(5)] * 3, ref_logprobs=[logp + 3.0] * 3)
     algo = resolve_algorithm(RLConfig(algorithm=algorithm, kl_coef=0.5, kl_estimator="k3", kl_placement="loss", **bounds))
-    loss_fn = policy_loss_fn(SimpleNamespace(module=None), algo, temperature=1.0, pad_id=0, max_tokens=8)
+    loss_fn = policy_loss_fn(SimpleNamespace(module=None, device=torch.device("cpu")), algo, temperature=1.0, pad_id=0, max_tokens=8)
     loss, out = loss_fn([sample], torch.tensor([3.0, 1.0]))
     assert out["loss/policy"] == pytest.approx(policy, rel=1e-5) and out["loss/kl"] == pytest.approx(kl, rel=1e-5)
     assert loss.item() == pytest.approx(policy + 0.5 * kl, rel=1e-5)

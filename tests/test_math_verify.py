@@ -88,11 +88,30 @@ def test_details_say_which_path_ruled():
         ("2x cm", "2x", 1.0, 0.0),  # the x is maths, the cm is a unit
         ("3 pi", "3pi", 1.0, 1.0),  # pi is not a unit
         ("6 cm", "5", 0.0, 0.0),
+        ("-$5", "-5", 1.0, 0.0),
+        ("5€", "5", 1.0, 0.0),
+        ("1$0081", "10081", 0.0, 0.0),  # a sign goes before or after the number, not inside it
+        ("10%081", "10081", 0.0, 0.0),
+        ("5 $ 6", "56", 0.0, 0.0),
+        ("$$$$10081$$$$", "10081", 0.0, 0.0),
     ],
 )
 def test_units_are_stripped_only_when_asked(prediction, gold, with_units, without_units):
     assert score(prediction, gold, strip_units=True) == with_units
     assert score(prediction, gold, strip_units=False) == without_units
+
+
+@pytest.mark.parametrize("prediction, gold, expected", [
+    ("1,234,567.5", "1234567.5", 1.0),
+    ("x+1,234", "x+1234", 1.0),  # each numeral of an expression is grouped on its own
+    ("1234,567", "1234567", 0.0),  # a head group has 1-3 digits
+    ("12345,678", "12345678", 0.0),
+    ("1.5,000", "1.5", 0.0),  # no grouping after the decimal point
+    ("0.123,456", "0.123456", 0.0),
+    ("1,00,81", "10081", 0.0),
+])
+def test_thousands_commas_only_in_a_grouped_numeral(prediction, gold, expected):
+    assert score(prediction, gold) == expected
 
 
 @pytest.mark.parametrize(
@@ -246,6 +265,10 @@ def test_slow_inputs_return_fast(attack, gold):
         ("2^1000", {}, "prediction is not a final answer: it computes a number instead of stating it"),
         ("7e837^1000", {}, "prediction unparseable: power larger than 40000 bits"),
         ("1+", {}, "prediction unparseable: not an expression"),
+        ("1" * 257, {}, "prediction too long: 257 chars > 256"),  # with its wrappers (verifiers.latex_answer)
+        (r"\boxed{x+1}", {}, None),
+        (r"\boxed{x}, \boxed{y}", {}, "prediction more than one \\boxed, or one not around the whole answer"),
+        (r"\frac{x}{2", {}, "prediction unbalanced braces"),
     ],
 )
 def test_precheck_reasons(prediction, params, reason):

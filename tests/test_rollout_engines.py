@@ -14,51 +14,11 @@ from training.rl_math import logprob_mismatch, tis_weights
 from training.rollout import run_episodes
 from training.rollout_engines import Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
 from training.scoring import episode_record
-from training.sequences import encode_observation
-from verifiers.protocol import OBSERVATION_TAGS
+from tests.rollout_checks import RecordingEngine, check_token_exact
 
 FAMILIES = ("arithmetic", "search", "code")
 # Documented bounds (docs/rollout.md): |log pi_trainer - log pi_engine| per policy token, fp32.
 MISMATCH_BOUND = {"hf": 1e-4, "vllm": 1e-3}
-
-
-class RecordingEngine:
-    """Passes calls through to a real engine (either schedule) and keeps every turn it served:
-    the exact sequence it was given and what it sampled."""
-
-    def __init__(self, inner):
-        self.inner, self.name, self.calls, self.turns = inner, inner.name, [], []
-        self.continuous = getattr(inner, "continuous", False)
-        self.submitted, self.in_flight = {}, set()
-
-    def generate(self, sequences, budgets, **kwargs):
-        out = self.inner.generate(sequences, budgets, **kwargs)
-        self.calls.append(([list(s) for s in sequences], budgets, [Generation(list(g.ids), list(g.logprobs)) for g in out]))
-        self.turns += [(list(s), Generation(list(g.ids), list(g.logprobs))) for s, g in zip(sequences, out)]
-        return out
-
-    def submit(self, key, sequence, budget, **kwargs):
-        self.submitted[key] = list(sequence)
-        self.in_flight.add(key)
-        self.inner.submit(key, sequence, budget, **kwargs)
-
-    def poll(self):
-        out = self.inner.poll()
-        self.in_flight -= {key for key, _ in out}
-        self.turns += [(self.submitted[key], Generation(list(g.ids), list(g.logprobs))) for key, g in out]
-        return out
-
-    def busy(self):
-        return self.inner.busy()
-
-    def end(self, key):
-        self.inner.end(key)
-
-    def sync_weights(self, model):
-        return self.inner.sync_weights(model)
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -103,56 +63,7 @@ def test_mismatch_and_truncated_importance_weights_hand_computed():
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
 def test_rollouts_are_token_exact(kind, family, warm_policy, micro_cfg, tmp_path, request):
-    """(a) completion ids = what the engine sampled + the tokenized observations, in order;
-    (b) tool_mask is 1 exactly on sampled ids; (c) the trainer's log-probs of the recorded
-    tokens match the engine's within the documented bound; (d) ids survive Parquet storage."""
-    from dagster import build_input_context, build_output_context
-
-    from assets.io import FrameIOManager
-
-    tok, cfg = warm_policy.tokenizer, micro_cfg.rollout
-    engine = RecordingEngine(engine_of(kind, warm_policy, request))
-    episodes = run_episodes(engine, tok, tasks_of(warm_policy, family), group_size=4, tools=warm_policy.tools, cfg=cfg,
-                            generator=torch.Generator().manual_seed(0))
-    assert sum(len(e.tool_calls) for e in episodes) > 0, f"the warm-started policy made no {family} tool call"
-    # (a) replay: each turn of each episode must be one engine answer, given exactly the recorded
-    # history (each answer used once), followed by exactly the tokenized observation
-    unused = list(engine.turns)
-    for e in episodes:
-        ids, mask, logprobs = [], [], []
-        for k in range(e.turns):
-            history = e.prompt_ids + ids
-            match = next((t for t in unused if t[0] == history and e.completion_ids[len(ids): len(ids) + len(t[1].ids)] == t[1].ids), None)
-            assert match is not None, f"turn {k} of {e.group_id}/{e.sample_index} is not what the engine sampled for that history"
-            unused.remove(match)
-            gen = match[1]
-            ids += gen.ids
-            mask += [1] * len(gen.ids)
-            logprobs += gen.logprobs
-            if k < len(e.tool_calls):
-                call = e.tool_calls[k]
-                full = encode_observation(tok, call["result"], call["name"])
-                assert call["truncated"] == (len(full) > cfg.max_observation_tokens)
-                obs = full[: cfg.max_observation_tokens - 1] + [tok.convert_tokens_to_ids(OBSERVATION_TAGS[call["name"]][1])] if call["truncated"] else full
-                ids += obs
-                mask += [0] * len(obs)
-                logprobs += [0.0] * len(obs)
-        assert e.completion_ids == ids
-        assert e.tool_mask == mask  # (b)
-        assert e.logprobs == logprobs
-    assert not unused, "the engine sampled turns no episode recorded"
-    # (c) what the trainer computes, as logged every RL step
-    records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
-    _, gap = trainer_gap(warm_policy.model, records, temperature=cfg.temperature, pad_id=tok.eos_token_id)
-    assert gap["rollout/logprob_mismatch_max"] < MISMATCH_BOUND[kind], gap
-    # (d) through the IO manager that stores rollout_batches
-    io = FrameIOManager(root=str(tmp_path))
-    io.handle_output(build_output_context(asset_key="rollout_batches", partition_key="1"), pd.DataFrame(records))
-    back = io.load_input(build_input_context(asset_key="rollout_batches", partition_key="1")).to_dict("records")
-    for before, after in zip(records, back):
-        for column in ("prompt_ids", "completion_ids", "tool_mask"):
-            assert [int(x) for x in after[column]] == before[column]
-        assert [float(x) for x in after["logprobs"]] == before["logprobs"]
+    check_token_exact(engine_of(kind, warm_policy, request), warm_policy, family, micro_cfg.rollout, tmp_path, MISMATCH_BOUND[kind])
 
 
 # --------------------------------------------------------------------------- sampling parameters

@@ -21,7 +21,7 @@ def write_jsonl(path, rows):
 @pytest.mark.parametrize("row, expected", [
     ({k: v for k, v in GOOD.items() if k != "answer"}, "row 1: missing field 'answer'"),
     ({**GOOD, "level": "1"}, "row 1: field 'level': expected an integer, got '1'"),
-    ({**GOOD, "level": 9}, "row 1: field 'level': 9 is not a level of arithmetic (1, 2, 3, 4)"),
+    ({**GOOD, "level": 9}, "row 1: field 'level': 9 is not a level of arithmetic (1, 2, 3, 4, 5)"),
     ({**GOOD, "level": 1.5}, "row 1: field 'level': expected an integer, got 1.5"),
     ({**GOOD, "family": "chess"}, "row 1: field 'family': 'chess' is not one of"),
     ({**GOOD, "task_id": ""}, "row 1: field 'task_id': expected a non-empty string"),

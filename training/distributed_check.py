@@ -6,8 +6,8 @@
 
 Every run takes the same S optimizer steps on the same global batch (a seeded tiny Qwen2 and 8
 seeded trajectories with tool spans), each step over the whole batch sharded across ranks and
-cut into micro-batches, with the real project loss (collate -> completion_logits ->
-token_logprobs -> agg_loss normalized by global counts). So, up to float rounding, the final
+cut into micro-batches, with the real project loss (collate -> completion_logprobs, chunked
+by --logit-chunk-tokens -> agg_loss normalized by global counts). So, up to float rounding, the final
 weights must not depend on the engine, the ZeRO stage, the micro-batch size or the world size.
 Rank 0 writes a JSON summary to --out and the final weights next to it (same name, .pt).
 """
@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from configs.schema import EngineConfig, ModelConfig
-from training.engines import CountFn, LossFn, TrainEngine, accumulate_step, build_engine, shard
+from training.engines import CountFn, LossFn, TrainEngine, accumulate_step, build_engine, model_device, shard
 from training.model import build_model
-from training.rl_math import agg_loss, agg_normalizers, ppo_clip_loss, token_logprobs
-from training.sequences import collate, completion_logits
+from training.rl_math import agg_loss, agg_normalizers, ppo_clip_loss
+from training.sequences import collate, completion_logprobs, to_device
 
 VOCAB_SIZE = 64
 PAD_ID = 0
@@ -72,32 +72,32 @@ def count_fn(chunk: list[dict]) -> Tensor:
     return torch.stack(agg_normalizers(_collate(chunk).loss_mask))
 
 
-def sft_loss_fn(module: torch.nn.Module) -> LossFn:
+def sft_loss_fn(module: torch.nn.Module, chunk_tokens: int | None = None) -> LossFn:
     """Token-mean NLL on loss_mask tokens: SFT's loss, normalized by the global token count."""
 
     def loss_fn(chunk: list[dict], counts: Tensor) -> tuple[Tensor, dict[str, float]]:
-        batch = _collate(chunk)
-        logprobs = token_logprobs(completion_logits(module, batch), batch.completion_ids)
+        batch = to_device(_collate(chunk), model_device(module))
+        logprobs = completion_logprobs(module, batch, chunk_tokens=chunk_tokens)
         loss = agg_loss(-logprobs, batch.loss_mask, "token_mean", num_tokens=counts[0])
         return loss, {"loss/nll_token_mean": float(agg_loss(-logprobs.detach(), batch.loss_mask, "token_mean"))}
 
     return loss_fn
 
 
-def rl_loss_fn(module: torch.nn.Module) -> LossFn:
+def rl_loss_fn(module: torch.nn.Module, chunk_tokens: int | None = None) -> LossFn:
     """PPO-clip with fixed per-row advantages. old_logprobs are the current ones, detached: the
     policy at step start, as in the first minibatch of a PPO epoch (ratio 1, gradient -A ∇logp)."""
 
     def loss_fn(chunk: list[dict], counts: Tensor) -> tuple[Tensor, dict[str, float]]:
-        batch = _collate(chunk)
-        logprobs = token_logprobs(completion_logits(module, batch), batch.completion_ids)
-        advantages = torch.tensor([[r["advantage"]] for r in chunk])
+        batch = to_device(_collate(chunk), model_device(module))
+        logprobs = completion_logprobs(module, batch, chunk_tokens=chunk_tokens)
+        advantages = torch.tensor([[r["advantage"]] for r in chunk], device=batch.input_ids.device)
         return ppo_clip_loss(logprobs, logprobs.detach(), advantages, batch.loss_mask, num_tokens=counts[0])
 
     return loss_fn
 
 
-LOSSES: dict[str, Callable[[torch.nn.Module], LossFn]] = {"sft": sft_loss_fn, "rl": rl_loss_fn}
+LOSSES: dict[str, Callable[..., LossFn]] = {"sft": sft_loss_fn, "rl": rl_loss_fn}  # fn(module, chunk_tokens) -> LossFn
 
 
 def shape(row: dict) -> tuple[int, int]:
@@ -105,10 +105,10 @@ def shape(row: dict) -> tuple[int, int]:
 
 
 def train(engine: TrainEngine, rows: list[dict], *, steps: int, micro_batch_size: int | None, loss: str = "sft",
-          count: CountFn = count_fn, max_tokens: int | None = None) -> list[dict[str, float]]:
+          count: CountFn = count_fn, max_tokens: int | None = None, chunk_tokens: int | None = None) -> list[dict[str, float]]:
     """`steps` optimizer steps, each over the whole global batch `rows`, sharded across ranks."""
     engine.train()
-    loss_fn = LOSSES[loss](engine.module)
+    loss_fn = LOSSES[loss](engine.module, chunk_tokens)
     mine = shard(rows, engine.rank, engine.world_size)
     return [accumulate_step(engine, mine, loss_fn, count, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=shape)
             for _ in range(steps)]
@@ -129,7 +129,7 @@ def run_check(cfg: EngineConfig, *, steps: int, num_rows: int = 8, loss: str = "
     """(JSON-able summary, final full state_dict) of one run; collective over all ranks."""
     engine = make_engine(cfg, seed=seed, dtype=dtype)
     history = train(engine, synthetic_batch(num_rows, seed), steps=steps, micro_batch_size=cfg.micro_batch_size,
-                    loss=loss, max_tokens=cfg.micro_batch_tokens)
+                    loss=loss, max_tokens=cfg.micro_batch_tokens, chunk_tokens=cfg.logit_chunk_tokens)
     state = engine.model_state_dict()
     summary = {
         "engine": cfg.kind, "zero_stage": cfg.zero_stage, "micro_batch_size": cfg.micro_batch_size,
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--offload-optimizer", action="store_true")
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32")
+    parser.add_argument("--logit-chunk-tokens", type=int, default=EngineConfig().logit_chunk_tokens,
+                        help="LM-head tokens at once (small values exercise the chunked, recomputed head)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=8, help="global batch size (odd: ranks get unequal shards)")
     parser.add_argument("--loss", choices=sorted(LOSSES), default="sft")
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     cfg = EngineConfig(kind=args.engine, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
-                       micro_batch_size=args.micro_batch_size, precision=args.precision)
+                       micro_batch_size=args.micro_batch_size, precision=args.precision, logit_chunk_tokens=args.logit_chunk_tokens)
     summary, state = run_check(cfg, steps=args.steps, num_rows=args.rows, loss=args.loss, dtype=DTYPES[args.dtype])
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return

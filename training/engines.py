@@ -155,8 +155,26 @@ def _dist_rank_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where `model` (or an engine's `module` wrapping it) keeps its weights: its inputs go there."""
     return next(model.parameters()).device
+
+
+def resolve_device(device: torch.device | str) -> torch.device:
+    """The configured `device` as a torch.device. CUDA asked for on a machine without it is an
+    error naming the setting, never a silent CPU run."""
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available here (torch {torch.__version__}, "
+                         "torch.cuda.is_available() is False): set `device: cpu` or run on a GPU node")
+    return resolved
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """HF activation checkpointing, non-reentrant (works with frozen LoRA bases and ZeRO). Only
+    active in train mode: the rollout engine samples in eval mode with its KV cache, and the
+    trainer's own forwards pass use_cache=False."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 # --------------------------------------------------------------------------- engines
@@ -228,6 +246,11 @@ class _Autocast(torch.nn.Module):
         with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16):
             return self.model(*args, **kwargs)
 
+    def get_output_embeddings(self) -> torch.nn.Module:
+        # The chunked log-prob pass (training/sequences.py) applies the head itself, under the
+        # autocast state the head's own call saw.
+        return self.model.get_output_embeddings()
+
 
 class TorchEngine(TrainEngine):
     """Plain torch AdamW. Under torchrun (WORLD_SIZE > 1) gradients are SUMMED over ranks in
@@ -237,7 +260,7 @@ class TorchEngine(TrainEngine):
                  betas: tuple[float, float], weight_decay: float, grad_clip: float,
                  lr_lambda: Callable[[int], float]) -> None:
         self.model, self.params, self.grad_clip = model, params, grad_clip
-        self.device = _model_device(model)
+        self.device = model_device(model)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
             dist.init_process_group(_backend(self.device))
         self.rank, self.world_size = _dist_rank_world()
@@ -388,10 +411,26 @@ class DeepSpeedTrainEngine(TrainEngine):
 
 def build_engine(model: torch.nn.Module, cfg: EngineConfig, *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  weight_decay: float = 0.0, grad_clip: float, lr_lambda: Callable[[int], float] | None = None,
-                 params: Sequence[torch.nn.Parameter] | None = None) -> TrainEngine:
+                 params: Sequence[torch.nn.Parameter] | None = None, device: torch.device | str | None = None,
+                 gradient_checkpointing: bool = False) -> TrainEngine:
     """AdamW + LambdaLR(lr_lambda, default constant 1) over `params` (default: the model's
-    parameters with requires_grad, e.g. only LoRA adapters), run by the engine `cfg.kind` names."""
+    parameters with requires_grad, e.g. only LoRA adapters), run by the engine `cfg.kind` names.
+    `device`: where the model trains (moved there first; None: where it is). An engine that ends
+    up training elsewhere (DeepSpeed picks its accelerator itself) is an error, not a silent CPU
+    run. `gradient_checkpointing`: `model.gradient_checkpointing` (enable_gradient_checkpointing)."""
     check_engine_config(cfg)
+    if device is not None:
+        model.to(resolve_device(device))
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    engine = _build_engine(model, cfg, lr=lr, betas=betas, weight_decay=weight_decay, grad_clip=grad_clip, lr_lambda=lr_lambda, params=params)
+    if device is not None and engine.device.type != resolve_device(device).type:
+        raise ValueError(f"device={str(device)!r} but the {cfg.kind} engine trains on {engine.device}")
+    return engine
+
+
+def _build_engine(model: torch.nn.Module, cfg: EngineConfig, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
+                  lr_lambda: Callable[[int], float] | None, params: Sequence[torch.nn.Parameter] | None) -> TrainEngine:
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
     if not params:
         raise ValueError("no trainable parameters (none has requires_grad=True)")
@@ -399,7 +438,7 @@ def build_engine(model: torch.nn.Module, cfg: EngineConfig, *, lr: float, betas:
     kwargs = dict(lr=lr, betas=betas, weight_decay=weight_decay, grad_clip=grad_clip, lr_lambda=lr_lambda)
     if cfg.kind == "deepspeed":
         return DeepSpeedTrainEngine(model, params, cfg, **kwargs)
-    return TorchEngine(model, params, precision=resolve_precision(cfg.precision, _model_device(model)), **kwargs)
+    return TorchEngine(model, params, precision=resolve_precision(cfg.precision, model_device(model)), **kwargs)
 
 
 # --------------------------------------------------------------------------- data-parallel steps

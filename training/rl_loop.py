@@ -25,15 +25,15 @@ from environments.tools import Tool
 from training.algorithms import Algorithm, resolve_algorithm
 from training.critic import critic_from_policy, token_values
 from training.curriculum import sample_prompts
-from training.engines import accumulate_step, build_engine, check_single_process, micro_batches, shard
+from training.engines import TrainEngine, accumulate_step, build_engine, check_single_process, micro_batches, model_device, resolve_device, shard
 from training.rl_math import (
-    agg_loss, entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, logprob_mismatch,
-    masked_mean, tis_weights, token_logprobs, value_loss,
+    agg_loss, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, logprob_mismatch, masked_mean, tis_weights,
+    value_loss,
 )
 from training.rollout import run_episodes
 from training.rollout_engines import build_rollout_engine
 from training.scoring import episode_record, score_records
-from training.sequences import collate, completion_logits
+from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
 from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
 
@@ -61,11 +61,11 @@ class Sample:
 
 
 # --------------------------------------------------------------------------- pure helpers
-def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+def _padded(rows: list[list[float]], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
     out = torch.zeros((len(rows), width))
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)[:width]
-    return out
+    return out.to(device, non_blocking=True)
 
 
 def _group_index(group_ids: list[str]) -> torch.Tensor:
@@ -159,14 +159,16 @@ def _record_shape(record: dict) -> tuple[int, int]:
     return len(record["prompt_ids"]), len(record["completion_ids"])
 
 
-def _per_token(records: list[dict], fn: Callable, *, pad_id: int, batch_size: int, max_tokens: int | None) -> list[list[float]]:
+def _per_token(records: list[dict], fn: Callable, model, *, pad_id: int, batch_size: int, max_tokens: int | None) -> list[list[float]]:
     """fn(batch) -> (rows, width) per completion token, for every record, in record order; computed
-    in chunks of at most `batch_size` rows (and `max_tokens` padded tokens, length-sorted)."""
+    in chunks of at most `batch_size` rows (and `max_tokens` padded tokens, length-sorted), each
+    batch on `model`'s device."""
     index = {id(r): i for i, r in enumerate(records)}
     out: list[list[float]] = [[] for _ in records]
+    device = model_device(model)
     for rows in micro_batches(records, batch_size, max_tokens=max_tokens, shape=_record_shape):
         batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
-        values = fn(batch)
+        values = fn(to_device(batch, device)).cpu()
         for j, r in enumerate(rows):
             out[index[id(r)]] = values[j, : len(r["completion_ids"])].tolist()
     return out
@@ -174,15 +176,16 @@ def _per_token(records: list[dict], fn: Callable, *, pad_id: int, batch_size: in
 
 @torch.no_grad()
 def recorded_logprobs(model, records: list[dict], *, temperature: float, pad_id: int, batch_size: int = 64,
-                      max_tokens: int | None = None) -> list[list[float]]:
-    """log pi(recorded token) for every completion token of every record, in batches."""
-    return _per_token(records, lambda batch: token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature),
+                      max_tokens: int | None = None, chunk_tokens: int | None = None) -> list[list[float]]:
+    """log pi(recorded token) for every completion token of every record, in batches
+    (`chunk_tokens`: engine.logit_chunk_tokens, see completion_logprobs)."""
+    return _per_token(records, lambda batch: completion_logprobs(model, batch, temperature, chunk_tokens=chunk_tokens), model,
                       pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
 
 
 @torch.no_grad()
 def recorded_values(critic, records: list[dict], *, pad_id: int, batch_size: int = 64, max_tokens: int | None = None) -> list[list[float]]:
-    return _per_token(records, lambda batch: token_values(critic, batch), pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
+    return _per_token(records, lambda batch: token_values(critic, batch), critic, pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
 
 
 def _policy_token_mean(per_token: list[list[float]], records: list[dict]) -> float:
@@ -194,11 +197,11 @@ def _kl_per_token(behaviour: list[float], ref: list[float], algo: Algorithm) -> 
     return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), algo.kl_estimator, k3_clamp=algo.k3_clamp).tolist()
 
 
-def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int,
-                max_tokens: int | None = None) -> tuple[list[list[float]], dict[str, float]]:
+def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int, max_tokens: int | None = None,
+                chunk_tokens: int | None = None) -> tuple[list[list[float]], dict[str, float]]:
     """The trainer's log-probs of the recorded tokens, and how far the rollout engine's behaviour
     log-probs are from them on policy tokens (`rollout/logprob_mismatch_*`, every step)."""
-    old = recorded_logprobs(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
+    old = recorded_logprobs(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens, chunk_tokens=chunk_tokens)
     width = max(len(r["completion_ids"]) for r in records)
     gap = logprob_mismatch(_padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width))
     return old, {"rollout/logprob_mismatch_max": gap["max"], "rollout/logprob_mismatch_mean": gap["mean"]}
@@ -215,16 +218,19 @@ def reuses_update_logprobs(algo: Algorithm, rl: RLConfig) -> bool:
 
 
 def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, policy, reference, critic, temperature: float,
-                    pad_id: int, max_tokens: int | None = None) -> tuple[list[Sample], dict[str, float]]:
+                    pad_id: int, max_tokens: int | None = None, chunk_tokens: int | None = None) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
     advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
     that carry a gradient signal. A group with an unscorable member never trains (docs/verifiers.md).
-    `max_tokens`: padded tokens per forward pass (engine.micro_batch_tokens)."""
+    `max_tokens`: padded tokens per forward pass (engine.micro_batch_tokens); `chunk_tokens`: LM-head
+    tokens at once in a log-prob pass (engine.logit_chunk_tokens). The reference and the critic run
+    wherever they are (rl.reference_device, rl.critic_device)."""
+    passes = dict(temperature=temperature, pad_id=pad_id, max_tokens=max_tokens, chunk_tokens=chunk_tokens)
     if reuses_update_logprobs(algo, rl):
         old, metrics = None, {}
     else:
-        old, metrics = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
+        old, metrics = trainer_gap(policy, records, **passes)
     # The whole group leaves: the unscorable member's reward is shaping only, and in the group's
     # baseline it would act as an outcome of 0 and move its siblings' advantages.
     unscorable = {r["group_id"] for r, s in zip(records, scores) if s["outcome"] is None}
@@ -237,7 +243,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
             return [], metrics
     width = max(len(r["completion_ids"]) for r in records)
     policy_mask = _padded([r["tool_mask"] for r in records], width)
-    ref = recorded_logprobs(reference, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens) if algo.needs_reference else None
+    ref = recorded_logprobs(reference, records, **passes) if algo.needs_reference else None
     kl = [_kl_per_token(old_i, ref_i, algo) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
     if kl:
         metrics["actor/kl_ref"] = _policy_token_mean(kl, records)
@@ -272,7 +278,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         samples.append(Sample(record, advantages[i], old[i] if old is not None else None, ref[i] if ref else None, values[i] if values else None,
                               returns_list[i] if returns_list else None))
     if old is None and not samples:  # no update will measure them: the engine gap and KL as without reuse
-        old, gap = trainer_gap(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens)
+        old, gap = trainer_gap(policy, records, **passes)
         metrics |= gap
         if ref:
             metrics["actor/kl_ref"] = _policy_token_mean([_kl_per_token(o, r, algo) for o, r in zip(old, ref)], records)
@@ -286,20 +292,23 @@ def _counts(samples: list[Sample]) -> torch.Tensor:
     return torch.tensor([float(sum(tokens)), float(sum(t > 0 for t in tokens))])
 
 
-def _collate(samples: list[Sample], pad_id: int):
-    return collate([s.record["prompt_ids"] for s in samples], [s.record["completion_ids"] for s in samples], [s.record["tool_mask"] for s in samples], pad_id)
+def _collate(samples: list[Sample], pad_id: int, device: torch.device):
+    batch = collate([s.record["prompt_ids"] for s in samples], [s.record["completion_ids"] for s in samples], [s.record["tool_mask"] for s in samples], pad_id)
+    return to_device(batch, device)
 
 
-def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, max_tokens: int, stats: dict[str, float] | None = None) -> Callable:
+def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, max_tokens: int, stats: dict[str, float] | None = None,
+                   chunk_tokens: int | None = None) -> Callable:
     """`stats`: where, for samples without old log-probs (reuses_update_logprobs), the update's own
-    log-probs are measured against the engine's and the reference's (sums, see `on_policy_metrics`)."""
+    log-probs are measured against the engine's and the reference's (sums, see `on_policy_metrics`).
+    `chunk_tokens`: engine.logit_chunk_tokens (completion_logprobs)."""
     policy_loss = get_policy_loss(algo.policy_loss)
 
     def loss_fn(samples: list[Sample], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        batch = _collate(samples, pad_id)
+        device = engine.device
+        batch = _collate(samples, pad_id, device)
         width = batch.completion_ids.shape[1]
-        logits = completion_logits(engine.module, batch)
-        logprobs = token_logprobs(logits, batch.completion_ids, temperature)
+        logprobs, entropy = completion_logprobs(engine.module, batch, temperature, with_entropy=True, chunk_tokens=chunk_tokens)
         mask = batch.loss_mask
         norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": max_tokens}
         if samples[0].old_logprobs is None:
@@ -307,18 +316,18 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
             if stats is not None:
                 _measure_on_policy(stats, old, samples, mask, width, algo)
         else:
-            old = _padded([s.old_logprobs for s in samples], width)
-        loss, metrics = policy_loss(logprobs, old, _padded([s.advantages for s in samples], width), mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                    clip_ratio_c=algo.clip_ratio_c, seq_log_ratio_max=algo.seq_log_ratio_max, agg_mode=algo.loss_agg_mode, **norm)
+            old = _padded([s.old_logprobs for s in samples], width, device)
+        loss, metrics = policy_loss(logprobs, old, _padded([s.advantages for s in samples], width, device), mask, clip_low=algo.clip_low,
+                                    clip_high=algo.clip_high, clip_ratio_c=algo.clip_ratio_c, seq_log_ratio_max=algo.seq_log_ratio_max,
+                                    agg_mode=algo.loss_agg_mode, **norm)
         out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/dual_clip_frac": metrics["dual_clip_frac"],
                "actor/approx_kl": metrics["approx_kl"]}
         if algo.needs_reference and algo.kl_placement == "loss":
-            ref = _padded([s.ref_logprobs for s in samples], width)
+            ref = _padded([s.ref_logprobs for s in samples], width, device)
             kl = agg_loss(kl_penalty(logprobs, ref, algo.kl_estimator, k3_clamp=algo.k3_clamp), mask, algo.loss_agg_mode, **norm)
             loss = loss + algo.kl_coef * kl
             out["loss/kl"] = kl.item()
-        with torch.no_grad():
-            out["actor/entropy"] = float(masked_mean(entropy_from_logits(logits, temperature), mask))
+        out["actor/entropy"] = float(masked_mean(entropy, mask))
         return loss, out
 
     return loss_fn
@@ -328,12 +337,12 @@ def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: 
     """Accumulates, over one micro-batch's policy tokens, what `trainer_gap` and `prepare_samples`
     would have measured from a separate old-log-prob pass."""
     m = mask.bool()
-    gap = (trainer - _padded([s.record["logprobs"] for s in samples], width)).abs()[m]
+    gap = (trainer - _padded([s.record["logprobs"] for s in samples], width, trainer.device)).abs()[m]
     stats["tokens"] = stats.get("tokens", 0.0) + float(m.sum())
     stats["gap_sum"] = stats.get("gap_sum", 0.0) + float(gap.sum())
     stats["gap_max"] = max(stats.get("gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
     if samples[0].ref_logprobs is not None:
-        kl = kl_penalty(trainer, _padded([s.ref_logprobs for s in samples], width), algo.kl_estimator, k3_clamp=algo.k3_clamp)[m]
+        kl = kl_penalty(trainer, _padded([s.ref_logprobs for s in samples], width, trainer.device), algo.kl_estimator, k3_clamp=algo.k3_clamp)[m]
         stats["kl_sum"] = stats.get("kl_sum", 0.0) + float(kl.sum())
 
 
@@ -349,11 +358,11 @@ def on_policy_metrics(stats: dict[str, float]) -> dict[str, float]:
 
 def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
     def loss_fn(samples: list[Sample], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        batch = _collate(samples, pad_id)
+        batch = _collate(samples, pad_id, engine.device)
         width = batch.completion_ids.shape[1]
         values = token_values(engine.module, batch)
-        loss, metrics = value_loss(values, _padded([s.old_values for s in samples], width), _padded([s.returns for s in samples], width),
-                                   batch.loss_mask, clip=clip, num_tokens=counts[0])
+        loss, metrics = value_loss(values, _padded([s.old_values for s in samples], width, engine.device),
+                                   _padded([s.returns for s in samples], width, engine.device), batch.loss_mask, clip=clip, num_tokens=counts[0])
         return loss, {"critic/value_loss": loss.item(), "critic/value_clip_frac": metrics["value_clip_frac"]}
 
     return loss_fn
@@ -383,23 +392,42 @@ def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches:
 
 
 # --------------------------------------------------------------------------- the round
+def build_engines(policy, reference, algo: Algorithm, rl: RLConfig, engine_cfg: EngineConfig, *, device: torch.device | str | None,
+                  gradient_checkpointing: bool) -> dict[str, TrainEngine]:
+    """The policy's engine on `device` (None: where the policy is), the critic's (PPO) on
+    rl.critic_device, and the frozen reference moved to rl.reference_device; both default to where
+    the policy trains."""
+    engines = {"policy": build_engine(policy, engine_cfg, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip, device=device,
+                                      gradient_checkpointing=gradient_checkpointing)}
+    trains_on = engines["policy"].device
+    if reference is not None:
+        reference.to(resolve_device(rl.reference_device or trains_on))
+    if algo.critic:
+        critic_device = resolve_device(rl.critic_device or trains_on)
+        engines["critic"] = build_engine(critic_from_policy(policy, device=critic_device), engine_cfg, lr=rl.ppo.critic_learning_rate, betas=(0.9, 0.99),
+                                         grad_clip=rl.grad_clip, device=critic_device, gradient_checkpointing=gradient_checkpointing)
+    return engines
+
+
 def train_round(
     policy, reference, tokenizer, tasks: list[dict], tools: dict[str, Tool], *,
     rl: RLConfig, rollout: RolloutConfig, cascade: Cascade, round_index: int, policy_version: str, seed: int,
     engine_cfg: EngineConfig = EngineConfig(), state_dir: Path | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None, task_weights: Mapping[str, float] | None = None,
+    device: torch.device | str | None = None, gradient_checkpointing: bool = False,
 ) -> RoundResult:
     """`task_weights`: the curriculum's sampling weight per task id (training/curriculum.py); None = uniform.
     `reference` may be None when the algorithm's kl_coef is 0. `state_dir`: where resumable state
-    checkpoints go every `rl.checkpoint_every` steps (None: no checkpoints)."""
+    checkpoints go every `rl.checkpoint_every` steps (None: no checkpoints). `device`: the config's
+    `device`, where the policy trains (None: where it is); the reference and the critic go to
+    rl.reference_device / rl.critic_device, by default the policy's. `gradient_checkpointing`:
+    `model.gradient_checkpointing`, for the policy and the critic."""
     algo = resolve_algorithm(rl)
     if algo.needs_reference and reference is None:
         raise ValueError(f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given")
     check_single_process(engine_cfg)
     pad_id = tokenizer.eos_token_id
-    engines = {"policy": build_engine(policy, engine_cfg, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)}
-    if algo.critic:
-        engines["critic"] = build_engine(critic_from_policy(policy), engine_cfg, lr=rl.ppo.critic_learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)
+    engines = build_engines(policy, reference, algo, rl, engine_cfg, device=device, gradient_checkpointing=gradient_checkpointing)
     model = engines["policy"].model  # the plain model samples rollouts; the engine's module computes gradients
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     by_id = {t["task_id"]: t for t in tasks}
@@ -445,10 +473,11 @@ def train_round(
             # 3. reference log-probs, values, advantages
             critic = engines["critic"].model if algo.critic else None
             samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
-                                                    temperature=rollout.temperature, pad_id=pad_id,
-                                                    max_tokens=engine_cfg.micro_batch_tokens) if train_records else ([], {})
+                                                    temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens,
+                                                    chunk_tokens=engine_cfg.logit_chunk_tokens) if train_records else ([], {})
             if not train_records:  # nothing to train on; the engine gap is still measured
-                prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens)[1]
+                prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens,
+                                           chunk_tokens=engine_cfg.logit_chunk_tokens)[1]
             # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
             advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
             for score in scores:
@@ -461,7 +490,8 @@ def train_round(
             if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
                 on_policy: dict[str, float] = {}
                 update |= run_update(engines["policy"], samples, policy_loss_fn(engines["policy"], algo, temperature=rollout.temperature, pad_id=pad_id,
-                                                                                max_tokens=rollout.max_total_tokens, stats=on_policy),
+                                                                                max_tokens=rollout.max_total_tokens, stats=on_policy,
+                                                                                chunk_tokens=engine_cfg.logit_chunk_tokens),
                                      minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, max_tokens=engine_cfg.micro_batch_tokens,
                                      generator=generator, prefix="actor")
                 prep_metrics |= on_policy_metrics(on_policy)

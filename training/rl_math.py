@@ -239,7 +239,8 @@ def _scaled_logits(logits: Tensor, temperature: float) -> Tensor:
 
 
 def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / temperature)[ids], in float32. logits (B, T, V), ids (B, T) -> (B, T).
+    """log softmax(logits / temperature)[ids], in float32. logits (..., V), ids (...) -> (...): a whole
+    (B, T, V) batch, or one chunk of (n, V) rows (training/sequences.py::completion_logprobs).
 
     logits[:, t] must be the distribution that produced ids[:, t] (the caller does the shift).
     The temperature must be the sampler's, or the ratio against vLLM's logprobs is biased.
@@ -250,7 +251,7 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Ten
 
 
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Entropy of softmax(logits / temperature), float32. (B, T, V) -> (B, T).
+    """Entropy of softmax(logits / temperature), float32. (..., V) -> (...), e.g. (B, T, V) -> (B, T).
     -inf logits (masked vocab) contribute 0 instead of 0 * -inf = NaN."""
     logp = torch.log_softmax(_scaled_logits(logits, temperature), dim=-1)
     p = logp.exp()

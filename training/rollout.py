@@ -1,7 +1,11 @@
 """Multi-turn agent loop on token ids, over any rollout engine (training/rollout_engines.py).
 
 A turn of an episode generates until a stop tag (`</code>`, `</search>`, `</answer>`), EOS or its
-budget. A turn that stopped on a tool's closing tag has its call run (the calls that end together
+budget. Tags are text: a turn ends at the token that completes a closing tag's string, whatever
+the tokenizer makes of it (several tokens, or one token holding the tag and more: that token is
+kept whole, as sampled, and the call is the text before the tag). With a tokenizer whose tags are
+single tokens (the scratch one), the engines stop on those ids instead (`TurnStops`), a fast path
+with the same turns. A turn that stopped on a tool's closing tag has its call run (the calls that end together
 go out batched per tool, tools concurrently), the observation's ids are appended with tool_mask 0
 and logprob 0, and the episode goes on. Two schedules drive turns: one batched engine call per
 turn (HF), or one request per turn fed as tool results return (vLLM, continuous). Finished
@@ -26,9 +30,9 @@ from configs.schema import RolloutConfig
 from environments import TOOLS_BY_FAMILY
 from environments.tools import Tool, ToolResult
 from training.rollout_engines import Generation, RolloutEngine, Sampling
-from training.sequences import encode_observation
-from training.tokenizer import tag_ids
-from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS
+from training.chat import prompt_ids
+from training.sequences import encode, encode_observation
+from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS, TURN_STOPS, first_stop
 
 
 @dataclass
@@ -54,12 +58,36 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
-def _call_of_turn(tokenizer, turn_ids: list[int], open_id: int) -> str:
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")  # chat templates' end-of-message markers
+
+
+@dataclass(frozen=True)
+class TurnStops:
+    """What ends a turn, as the engines take it. `strings`: the closing tags as text; `ids`: the
+    tokenizer's end-of-sequence and end-of-message ids. When every closing tag is a single token
+    of the tokenizer (the scratch one), `fast` moves the tags into `ids` and the engines stop on
+    ids alone (vLLM can then keep an episode's KV cache in a session, training/rollout_engines.py)."""
+
+    ids: frozenset[int]
+    strings: tuple[str, ...]
+    end_ids: frozenset[int]  # the end-of-sequence / end-of-message ids (stop_reason "eos")
+
+    @classmethod
+    def of(cls, tokenizer, *, fast: bool = True) -> TurnStops:
+        vocab = tokenizer.get_vocab()
+        end_ids = {tokenizer.eos_token_id} | {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab and t in tokenizer.all_special_tokens}
+        end_ids.discard(None)
+        tag_ids = [encode(tokenizer, stop) for stop in TURN_STOPS]
+        if fast and all(len(ids) == 1 for ids in tag_ids):
+            return cls(frozenset(end_ids | {ids[0] for ids in tag_ids}), (), frozenset(end_ids))
+        return cls(frozenset(end_ids), TURN_STOPS, frozenset(end_ids))
+
+
+def _call_of_turn(text: str, open_tag: str, close_end: int, close_tag: str) -> str:
     """The call's text between the turn's last opening tag and the closing tag it stopped on."""
-    body = turn_ids[:-1]
-    if open_id in body:
-        body = body[len(body) - body[::-1].index(open_id) :]
-    return tokenizer.decode(body)
+    body = text[: close_end - len(close_tag)]
+    at = body.rfind(open_tag)
+    return body[at + len(open_tag):] if at >= 0 else body
 
 
 class RolloutEngineError(RuntimeError):
@@ -140,8 +168,9 @@ def run_episodes(
     Engines that take requests one by one (vLLM) run the continuous schedule, the others one
     batched call per turn; both record the same things the same way."""
     loop = _Loop(tokenizer, tools, cfg, Sampling.of(cfg, greedy=greedy, temperature=temperature))
+    prompts = {t["task_id"]: prompt_ids(tokenizer, t, cfg.system_prompt) for t in tasks}
     episodes = [
-        Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=tokenizer.encode(t["prompt"], add_special_tokens=False))
+        Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=list(prompts[t["task_id"]]))
         for t in tasks
         for k in range(group_size)
     ]
@@ -192,12 +221,17 @@ def split_cores(tool_cores: int, tools: Mapping[str, Tool]) -> Iterator[set[int]
 class _Loop:
     """What one turn does to an episode, and the two schedules that drive turns."""
 
-    def __init__(self, tokenizer, tools: Mapping[str, Tool], cfg: RolloutConfig, sampling: Sampling):
+    def __init__(self, tokenizer, tools: Mapping[str, Tool], cfg: RolloutConfig, sampling: Sampling, *, fast_stops: bool = True):
         self.tokenizer, self.tools, self.cfg, self.sampling = tokenizer, tools, cfg, sampling
-        self.tags = tag_ids(tokenizer)
-        self.eos = tokenizer.eos_token_id
-        self.closing = {self.tags[TOOL_TAGS[name][1]]: name for name in TOOL_TAGS}  # every tool tag stops a turn
-        self.stop_ids = {*self.closing, self.tags[ANSWER_CLOSE], self.eos}
+        self.stops = TurnStops.of(tokenizer, fast=fast_stops)
+        self.stop_ids, self.stop_strings = set(self.stops.ids), self.stops.strings
+        self.closing = {TOOL_TAGS[name][1]: name for name in TOOL_TAGS}  # every tool's closing tag stops a turn
+        self.observation_close = {name: encode(tokenizer, close) for name, (_, close) in OBSERVATION_TAGS.items()}
+
+    def _strings(self) -> dict:
+        """`stop_strings` for the engine only when there are any: engines written for id stops
+        (tests' fakes, older ones) keep working on tokenizers with single-token tags."""
+        return {"stop_strings": self.stop_strings} if self.stop_strings else {}
 
     def budget(self, episode: Episode) -> int:
         return min(self.cfg.max_new_tokens_per_turn, self.cfg.max_total_tokens - len(episode.prompt_ids) - len(episode.completion_ids))
@@ -206,19 +240,30 @@ class _Loop:
         """Sampled tokens go in with mask 1; returns the tool call the turn ended on, if any."""
         episode.extend(turn.ids, 1, turn.logprobs)
         episode.turns += 1
-        last = turn.ids[-1] if turn.ids else None
-        if last in self.closing:
-            name = self.closing[last]
-            return episode, name, _call_of_turn(self.tokenizer, turn.ids, self.tags[TOOL_TAGS[name][0]])
-        episode.stop_reason = {self.tags[ANSWER_CLOSE]: "answer", self.eos: "eos"}.get(last, "max_tokens")
+        if not turn.ids:
+            episode.stop_reason = "max_tokens"
+            return None
+        # The turn's stop is the one its last token completed (a stop string spelled earlier in
+        # the turn did not stop it: there is none, on the engines' rule, or the fast path's ids).
+        text = self.tokenizer.decode(turn.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        before = len(self.tokenizer.decode(turn.ids[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        stop = first_stop(text, after=before)
+        if stop and stop[0] in self.closing:
+            name = self.closing[stop[0]]
+            return episode, name, _call_of_turn(text, TOOL_TAGS[name][0], stop[1], stop[0])
+        if stop and stop[0] == ANSWER_CLOSE:
+            episode.stop_reason = "answer"
+        else:
+            episode.stop_reason = "eos" if turn.ids[-1] in self.stops.end_ids else "max_tokens"
         return None
 
     def record_observation(self, episode: Episode, name: str, args: str, result: ToolResult) -> None:
         """The observation's ids go in with mask 0 (cut to max_observation_tokens, marked)."""
         obs_ids = encode_observation(self.tokenizer, result.observation, name)
         truncated = len(obs_ids) > self.cfg.max_observation_tokens
-        if truncated:  # keep the closing tag so the policy still sees where the output ends
-            obs_ids = obs_ids[: self.cfg.max_observation_tokens - 1] + [self.tags[OBSERVATION_TAGS[name][1]]]
+        if truncated:  # keep the closing tag (its ids) so the policy still sees where the output ends
+            close = self.observation_close[name]
+            obs_ids = obs_ids[: max(0, self.cfg.max_observation_tokens - len(close))] + close
         episode.extend(obs_ids, 0)
         episode.tool_calls.append({
             "name": name, "args": args, "result": result.observation, "error": result.error,
@@ -238,7 +283,7 @@ class _Loop:
                 active.append(waiting.popleft())
             with _engine_call(engine, "generate", episodes):
                 turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], [self.budget(e) for e in active],
-                                        stop_ids=self.stop_ids, sampling=self.sampling, generator=generator)
+                                        stop_ids=self.stop_ids, sampling=self.sampling, generator=generator, **self._strings())
             calls = [call for e, turn in zip(active, turns) if (call := self.record_turn(e, turn))]
             for (episode, name, args), result in zip(calls, _dispatch(self.tools, calls, pool)):
                 self.record_observation(episode, name, args, result)
@@ -268,7 +313,8 @@ class _Loop:
             i = index[id(episode)]
             with _engine_call(engine, "submit", episodes):
                 engine.submit(key(episode), episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
-                              sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31)
+                              sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31,
+                              **self._strings())
             return True
 
         def finish(episode: Episode) -> int:

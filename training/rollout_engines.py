@@ -5,7 +5,10 @@ sequences. `generate` takes the whole id sequence of every active episode and re
 the ids it sampled and their behaviour log-probs. Both engines:
 
 * never see text: prompts go in as ids and come out as ids, so nothing is re-tokenized;
-* stop a row at any of `stop_ids` (tool closing tags, `</answer>`, EOS) and include that id;
+* stop a row at any of `stop_ids` (EOS, the single-token tags of a scratch tokenizer) and at the
+  token that completes any of `stop_strings` (the tags as text, for tokenizers that split them),
+  keeping that token whole: when a stop string ends inside a token (`</code>` + `\n` in one
+  piece), the row keeps exactly the ids it sampled, the text after the stop included;
 * sample from softmax(logits / T) restricted by top-k then top-p (vLLM's order), and report the
   log-probability under that *processed* distribution, i.e. the probability the token was
   really drawn with (vLLM: `logprobs_mode="processed_logprobs"`). With top-k/top-p off (the
@@ -57,7 +60,7 @@ class RolloutEngine(Protocol):
     name: str
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None) -> list[Generation]: ...  # no stop_ids: exactly budget tokens
+                 generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]: ...  # no stops: exactly budget tokens
 
     def sync_weights(self, model) -> float: ...  # seconds taken
 
@@ -91,8 +94,19 @@ class HFEngine:
     name = "hf"
     continuous = False  # one batched call per turn: the KV cache is per call
 
-    def __init__(self, model):
+    def __init__(self, model, tokenizer=None):
         self.model = model
+        self.tokenizer = tokenizer  # needed for stop strings only: the text of each sampled id
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token: int) -> str:
+        """One id's text, cached. Tags are ASCII, so matching them on the concatenation of single
+        ids' texts finds what matching the decoded sequence would (a byte of a split multi-byte
+        character decodes to U+FFFD, which no tag contains)."""
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text
 
     def sync_weights(self, model) -> float:
         start = time.perf_counter()
@@ -104,18 +118,21 @@ class HFEngine:
         pass
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None) -> list[Generation]:
+                 generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]:
+        if stop_strings and self.tokenizer is None:
+            raise ValueError(f"stop strings {stop_strings} need the tokenizer: HFEngine(model, tokenizer)")
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(sequences, budgets, stop_ids=stop_ids, sampling=sampling, generator=generator)
+            return self._sample(sequences, budgets, stop_ids=stop_ids, sampling=sampling, generator=generator, stop_strings=stop_strings)
         finally:  # after a failure too: the trainer's model goes back in the mode it came in
             self.model.train(was_training)
 
     @torch.no_grad()
     def _sample(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                generator: torch.Generator | None) -> list[Generation]:
+                generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]:
         model = self.model
+        device = next(model.parameters()).device
         pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
         B, L = len(sequences), max(map(len, sequences))
         input_ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -124,13 +141,19 @@ class HFEngine:
             input_ids[i, L - len(seq):] = torch.tensor(seq)
             attention[i, L - len(seq):] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
+        # the LM head on the last position only: a prefill's (rows, tokens, vocab) logits are GBs at
+        # a real model's 49k-152k vocabulary, and only the next token's are read
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[:, -1]
         next_pos = positions[:, -1:] + 1
-        budget = torch.tensor(budgets)
-        stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        budget = torch.tensor(budgets, device=device)
+        stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
         finished = budget <= 0
         rows = [Generation([], []) for _ in range(B)]
+        tails = [""] * B  # per row: the end of its text so far, long enough to hold a stop string's start
+        keep_chars = max(map(len, stop_strings), default=1) - 1
+        last_chars = {stop[-1] for stop in stop_strings}  # a stop is completed only by a token holding its last character
         row_of = list(range(B))  # batch position -> row of `sequences` (positions shrink as rows stop)
         for step in range(max(budgets, default=0)):
             logp = processed_logprobs(logits, sampling)
@@ -138,14 +161,24 @@ class HFEngine:
                 token = logp.argmax(-1)
                 logp = torch.log_softmax(logits.float(), dim=-1)
             else:
-                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+                # drawn on the CPU, where the loop's seeded generator lives (a CUDA device needs its own)
+                token = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(device)
             token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
             live = (~finished).nonzero().flatten().tolist()
             ids, lps = token.tolist(), token_logp.tolist()
+            stopped = []
             for i in live:
                 rows[row_of[i]].ids.append(ids[i])
                 rows[row_of[i]].logprobs.append(lps[i])
+                if stop_strings:
+                    text = self.token_text(ids[i])
+                    window = tails[row_of[i]] + text
+                    if last_chars.intersection(text) and any(stop in window for stop in stop_strings):
+                        stopped.append(i)
+                    tails[row_of[i]] = window[-keep_chars:] if keep_chars else ""
             finished = finished | torch.isin(token, stops) | (budget <= step + 1)
+            if stopped:
+                finished[stopped] = True
             if bool(finished.all()):
                 break
             if 2 * int(finished.sum()) >= len(row_of):
@@ -158,7 +191,8 @@ class HFEngine:
                 finished, row_of = finished[keep], [row_of[i] for i in keep.tolist()]
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True)
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True,
+                        logits_to_keep=1)
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
         return rows
 
@@ -240,7 +274,9 @@ class VLLMEngine:
 
             self.llm = LLM(
                 model=str(model_dir),
-                skip_tokenizer_init=True,  # ids in, ids out
+                # ids in, ids out; the tokenizer is there for stop strings only (requests without
+                # them are not detokenized)
+                skip_tokenizer_init=False,
                 dtype=dtype,
                 seed=seed,
                 max_model_len=max_len,
@@ -279,21 +315,21 @@ class VLLMEngine:
             tokenizer.save_pretrained(folder)
             return cls(folder, cfg, seed=seed, dtype=dtype)
 
-    def _params(self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int):
+    def _params(self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int, stop_strings: tuple[str, ...] = ()):
         """Sampling parameters of one request. Building them runs vLLM's validation (~0.1 ms); the
         agent loop asks for hundreds per step that differ only in budget and seed, so those are
         set on a shallow copy of one validated template per stop set and sampling."""
         if budget < 1:
             raise ValueError(f"a turn's token budget must be at least 1, got {budget}")
-        key = (frozenset(stop_ids), sampling)
+        key = (frozenset(stop_ids), tuple(stop_strings), sampling)
         template = self._param_templates.get(key)
         if template is None:
-            template = self._param_templates[key] = self._new_params(stop_ids, sampling)
+            template = self._param_templates[key] = self._new_params(stop_ids, stop_strings, sampling)
         params = copy.copy(template)
         params.max_tokens, params.seed = budget, seed
         return params
 
-    def _new_params(self, stop_ids: set[int], sampling: Sampling):
+    def _new_params(self, stop_ids: set[int], stop_strings: tuple[str, ...], sampling: Sampling):
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -302,15 +338,19 @@ class VLLMEngine:
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k else -1,
             stop_token_ids=sorted(stop_ids),
-            ignore_eos=not stop_ids,  # no stop ids: exactly `budget` tokens, as the HF engine does
+            # Stop strings are matched on the detokenized text, and the token completing one is
+            # kept whole in token_ids (vLLM trims only tokens *after* it); the text is not used.
+            stop=list(stop_strings) or None,
+            include_stop_str_in_output=True,
+            ignore_eos=not (stop_ids or stop_strings),  # no stops: exactly `budget` tokens, as the HF engine does
             logprobs=0,  # the sampled token's own log-prob
-            detokenize=False,
+            detokenize=bool(stop_strings),
             skip_special_tokens=False,
             skip_clone=True,  # a fresh object per request: vLLM's defensive deep copy is wasted work
         )
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None) -> list[Generation]:
+                 generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         if self._running or self._sessions:  # LLM.generate would also wait for them, forever
@@ -322,7 +362,7 @@ class VLLMEngine:
         if not live:
             return rows
         prompts = [TokensPrompt(prompt_token_ids=list(sequences[i])) for i in live]
-        params = [self._params(budgets[i], stop_ids, sampling, base + i) for i in live]
+        params = [self._params(budgets[i], stop_ids, sampling, base + i, stop_strings) for i in live]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         for i, output in zip(live, outputs):
             rows[i] = _generation(output)
@@ -334,19 +374,25 @@ class VLLMEngine:
     # episode is one vLLM streaming-input session: its KV cache stays in the engine between turns
     # and the next turn appends only what is new (the observation), instead of a new request that
     # recomputes the prefix's last partial block and everything after it.
-    def submit(self, key: str, sequence: list[int], budget: int, *, stop_ids: set[int], sampling: Sampling, seed: int) -> None:
+    def submit(self, key: str, sequence: list[int], budget: int, *, stop_ids: set[int], sampling: Sampling, seed: int,
+               stop_strings: tuple[str, ...] = ()) -> None:
         """Start or continue episode `key` on `sequence` (its whole id sequence so far). A session's
-        seed is the one its first turn brought: its generator runs on across turns."""
+        seed is the one its first turn brought: its generator runs on across turns.
+
+        Stop strings end a turn in vLLM's output processor, after the engine core has sampled the
+        token; a session's request is not finished there and the core would sample on past the
+        stop. So turns with stop strings (a tokenizer that splits the tags) are requests of their
+        own, whose shared prefix the prefix cache still serves; sessions need single-token stops."""
         from vllm.inputs import TokensPrompt
 
         if key in self._running:
             raise RuntimeError(f"episode {key!r} already has a turn in flight")
-        params = self._params(budget, stop_ids, sampling, seed)
+        params = self._params(budget, stop_ids, sampling, seed, stop_strings)
         # One output per turn, when it ends: vLLM would otherwise build an output object for every
         # running turn every step, and this loop would read it. A session's output is cumulative
         # over its turns; `_running` keeps where this turn starts.
         params.output_kind = self._final_only
-        if not self.sessions:
+        if not self.sessions or stop_strings:
             self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(sequence)), params)
         else:
             context = self._sessions.get(key)
@@ -467,4 +513,4 @@ def build_rollout_engine(cfg: RolloutConfig, model, tokenizer, *, seed: int = 0)
     """The engine `rollout.engine` names, serving `model`'s current weights."""
     if cfg.engine == "vllm":  # served in the trainer's dtype (fp32 here, bf16 on GPU profiles)
         return VLLMEngine.from_model(model, tokenizer, cfg, seed=seed, dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
-    return HFEngine(model)
+    return HFEngine(model, tokenizer)

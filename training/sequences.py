@@ -8,10 +8,12 @@ per-segment encoding here; a whole trajectory's text is never re-tokenized.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
+from training.rl_math import entropy_from_logits, token_logprobs
 from verifiers.protocol import OBSERVATION_TAGS
 
 
@@ -103,10 +105,85 @@ def collate(prompts: list[list[int]], completions: list[list[int]], tool_masks: 
     )
 
 
+def to_device(batch: Batch, device: torch.device | str) -> Batch:
+    """The batch with every tensor on `device`. `collate` builds on the CPU; each pass moves its
+    batch once, to the device of the model it runs on (policy, reference and critic may differ)."""
+    return replace(batch, **{f.name: getattr(batch, f.name).to(device, non_blocking=True)
+                             for f in fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)})
+
+
 def completion_logits(model, batch: Batch) -> torch.Tensor:
     """Logits that predict each completion token: (B, C, V). The LM head runs on those C
     positions only (`logits_to_keep`, the last C + 1 of P + C): prompt positions never need
-    logits, and at a 1,024-token vocabulary the head is a fifth of the `tiny` model's matmuls."""
+    logits, and at a 1,024-token vocabulary the head is a fifth of the `tiny` model's matmuls.
+    The whole (B, C, V) tensor in fp32: for small models and tests; training passes use
+    `completion_logprobs`, which never holds it."""
     P, C = batch.prompt_width, batch.completion_ids.shape[1]
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=C + 1)
     return out.logits[:, :C].float()
+
+
+def completion_logprobs(model, batch: Batch, temperature: float = 1.0, *, with_entropy: bool = False,
+                        chunk_tokens: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log pi(completion token), (B, C) float32, and with `with_entropy` also the entropy of each
+    position's distribution, (B, C): `token_logprobs(completion_logits(...))` and
+    `entropy_from_logits(...)` (same positions, temperature and padding; equal up to the rounding
+    of a head matmul cut into chunks, tests/test_memory_device.py), without their memory.
+
+    The model body runs once (through `model`'s own forward, so engine wrappers, autocast, ZeRO
+    hooks and LoRA all apply) and hands over the hidden states its LM head would have read; the
+    head, log-softmax and gather then run over at most `chunk_tokens` completion tokens at a time
+    (None: all at once), each chunk under `torch.utils.checkpoint`, so the backward recomputes a
+    chunk's logits instead of keeping them. At a 151,936-token vocabulary the whole fp32 logits
+    of 16k tokens would be 10 GB, and their log-softmax and gradient as much again.
+
+    The entropy is a diagnostic: computed without a graph (no loss term uses its gradient).
+    Models whose CausalLM forward changes the logits after the head (Gemma 2's soft-capping) are
+    not covered: the head here is `get_output_embeddings()` alone."""
+    C = batch.completion_ids.shape[1]
+    hidden, autocast = _head_inputs(model, batch, keep=C + 1)  # the same C + 1 positions as completion_logits
+    hidden, ids = hidden[:, :C].reshape(-1, hidden.shape[-1]), batch.completion_ids.reshape(-1)
+    head = model.get_output_embeddings()
+    step = ids.numel() if chunk_tokens is None else chunk_tokens
+    recompute = torch.is_grad_enabled() and ids.numel() > step  # one chunk: nothing to save by recomputing it
+    pieces = []
+    for start in range(0, ids.numel(), step):
+        args = (head, autocast, hidden[start : start + step], ids[start : start + step], temperature, with_entropy)
+        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False, preserve_rng_state=False) if recompute else _chunk_logprobs(*args))
+    logprobs = torch.cat([p[0] for p in pieces]).view(-1, C)
+    return (logprobs, torch.cat([p[1] for p in pieces]).view(-1, C)) if with_entropy else logprobs
+
+
+def _head_inputs(model, batch: Batch, keep: int) -> tuple[torch.Tensor, tuple[str, torch.dtype, bool]]:
+    """The hidden states the model's LM head reads on the last `keep` positions, (B, keep, H), and
+    the autocast state it runs under. A forward pre-hook on the head takes its input and hands
+    it an empty slice instead, so the model's own head computes (B, 0, V): nothing."""
+    head, seen = model.get_output_embeddings(), []
+
+    def take(_module, args):
+        device = args[0].device.type
+        seen.append((args[0], (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))))
+        return (args[0][:, :0], *args[1:])
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=keep,
+              use_cache=False)
+    finally:
+        handle.remove()
+    if len(seen) != 1:
+        raise RuntimeError(f"the LM head ran {len(seen)} times in one forward of {type(model).__name__}; expected once")
+    return seen[0]
+
+
+def _chunk_logprobs(head, autocast: tuple[str, torch.dtype, bool], hidden: torch.Tensor, ids: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, ...]:
+    """One chunk: head -> (n, V) logits -> log-probs of `ids` (n,), and entropy (n,) if asked."""
+    device, dtype, enabled = autocast
+    with torch.autocast(device, dtype=dtype, enabled=enabled):  # as the model's own head would have run
+        logits = head(hidden)
+    logprobs = token_logprobs(logits, ids, temperature)
+    if not with_entropy:
+        return (logprobs,)
+    with torch.no_grad():
+        return logprobs, entropy_from_logits(logits, temperature)

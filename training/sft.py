@@ -14,9 +14,9 @@ import torch
 
 from configs.failpoints import failpoint
 from configs.schema import EngineConfig, SFTConfig
-from training.engines import accumulate_step, build_engine, check_single_process, shard
-from training.rl_math import agg_loss, token_logprobs
-from training.sequences import collate, completion_logits
+from training.engines import accumulate_step, build_engine, check_single_process, model_device, shard
+from training.rl_math import agg_loss
+from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
 
 
@@ -35,11 +35,14 @@ def warmup_cosine(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def sft_loss(model, examples: list[Example], pad_id: int, num_tokens: float | torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+def sft_loss(model, examples: list[Example], pad_id: int, num_tokens: float | torch.Tensor | None = None, *,
+             chunk_tokens: int | None = None) -> tuple[torch.Tensor, int]:
     """Negative log-likelihood over policy tokens (tool output and padding masked), divided by
-    `num_tokens` (the whole batch's count when this is one micro-batch of it; default: this one's)."""
-    batch = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], [e.tool_mask for e in examples], pad_id)
-    logprobs = token_logprobs(completion_logits(model, batch), batch.completion_ids)
+    `num_tokens` (the whole batch's count when this is one micro-batch of it; default: this one's).
+    The batch goes to the model's device; `chunk_tokens`: engine.logit_chunk_tokens."""
+    batch = to_device(collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], [e.tool_mask for e in examples], pad_id),
+                      model_device(model))
+    logprobs = completion_logprobs(model, batch, chunk_tokens=chunk_tokens)
     return agg_loss(-logprobs, batch.loss_mask, "token_mean", num_tokens=num_tokens), int(batch.loss_mask.sum())
 
 
@@ -74,17 +77,21 @@ def train_sft(
     engine_cfg: EngineConfig = EngineConfig(),
     on_log: Callable[[int, dict[str, float]], None] | None = None,
     state_dir: Path | None = None,
+    device: torch.device | str | None = None,
+    gradient_checkpointing: bool = False,
 ) -> list[dict[str, float]]:
     """Returns the logged history; `on_log(step, metrics)` reports progress as it goes. Gradients go
     through a `training.engines` engine (plain torch or DeepSpeed, micro-batched if configured);
     only trainable parameters (all of them, or the LoRA adapters) are optimized. `state_dir`: where
     resumable state goes every `cfg.checkpoint_every` steps; a run killed after one continues from
-    it, bit for bit (None: no state)."""
+    it, bit for bit (None: no state). `device`: the config's `device`, where the model trains (None:
+    where it is); `gradient_checkpointing`: `model.gradient_checkpointing`."""
     if not examples:
         raise ValueError("no SFT examples")
     check_single_process(engine_cfg)
     engine = build_engine(model, engine_cfg, lr=cfg.learning_rate, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                          lr_lambda=lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps))
+                          lr_lambda=lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps), device=device,
+                          gradient_checkpointing=gradient_checkpointing)
     engine.train()
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
@@ -101,7 +108,7 @@ def train_sft(
         first_step = loop["step"] + 1
 
     def loss_fn(chunk: list[Example], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, n = sft_loss(engine.module, chunk, pad_id, num_tokens=counts[0])
+        loss, n = sft_loss(engine.module, chunk, pad_id, num_tokens=counts[0], chunk_tokens=engine_cfg.logit_chunk_tokens)
         return loss, {"policy_tokens_per_row": n / len(chunk)}  # the engine averages metrics over rows
 
     for step in range(first_step, cfg.steps + 1):

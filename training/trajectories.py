@@ -15,7 +15,8 @@ from environments.base import Demonstration
 from environments.families import demonstrations, mixture_counts, with_detours
 from environments.search import KnowledgeBase
 from environments.tools import Tool, ToolResult, wrap_observation
-from training.sequences import encode, encode_observation, encode_segments
+from training.chat import prompt_ids
+from training.sequences import encode_observation, encode_segments
 from verifiers.protocol import TOOL_TAGS
 
 
@@ -70,9 +71,10 @@ def trajectory_ids(tokenizer, demo: Demonstration, results: list[ToolResult]) ->
 
 
 def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Tool], *, teacher: TeacherConfig, seed: int,
-                           kb: KnowledgeBase | None = None) -> list[dict]:
+                           kb: KnowledgeBase | None = None, system_prompt: str | None = None) -> list[dict]:
     """Rows of `sft_trajectories`: ids, tool_mask (0 on observations), and the teacher's strategy
-    and correctness for the data report. Families share `teacher.num_trajectories` by `mixture`."""
+    and correctness for the data report. Families share `teacher.num_trajectories` by `mixture`.
+    Prompts are rendered as rollouts render them (the chat template, `system_prompt`)."""
     by_family: dict[str, list[dict]] = {}
     for task in tasks:
         by_family.setdefault(task["family"], []).append(task)
@@ -80,6 +82,7 @@ def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Too
     by_id = {t["task_id"]: t for t in tasks}
     demos = [d for f, n in counts.items()
              for d in with_detours(f, list(demonstrations(f, by_family[f], n, seed=seed, teacher=teacher, kb=kb)), by_id, teacher, seed=seed, kb=kb)]
+    prompts = {d.task_id: prompt_ids(tokenizer, by_id[d.task_id], system_prompt) for d in demos}
     rows = []
     for i, (demo, results) in enumerate(zip(demos, run_steps(demos, tools))):
         task = by_id[demo.task_id]
@@ -90,7 +93,7 @@ def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Too
             "family": task["family"],
             "level": int(task["level"]),
             "strategy": demo.strategy,
-            "prompt_ids": encode(tokenizer, task["prompt"]),
+            "prompt_ids": prompts[demo.task_id],
             "completion_ids": completion_ids,
             "tool_mask": tool_mask,
             "loss_mask": loss_mask,

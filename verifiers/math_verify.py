@@ -19,6 +19,10 @@ number the answer must be a number (a numeral, a fraction in lowest terms, or m�
 question copied (`compute 347*29+18` -> `347*29+18`) or padded (`x-x+10081`) earns nothing; a
 symbolic answer may not contain a sub-expression that evaluates to a rational number
 (`sqrt(4+4)`), nor restate an expression of the question that differs from the gold.
+
+Answers and golds are first taken out of the wrappers a pretrained model writes around them
+(`The answer is $\\boxed{10081}$.`, `\\dfrac{1}{2}`: `verifiers.latex_answer`); every rule above
+runs on what remains, so `\\boxed{347 \\times 29 + 18}` is still a computation.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from math import gcd
 
 from verifiers.base import Task, Verdict, register
 from verifiers.bounded import DeadlineExceeded, call_with_deadline
+from verifiers.latex_answer import MAX_WRAPPED_CHARS, answer_text, latex_to_plain
 from verifiers.math_equiv import fold_text, numeric_match, parse_number
 
 MAX_CHARS = 64  # a final answer longer than this is not an answer (same bound as math_equiv)
 _MAX_GOLD_CHARS = 256  # gold answers are trusted data and may be longer expressions
+_MAX_GOLD_WRAPPED_CHARS = 4 * _MAX_GOLD_CHARS  # a gold with its LaTeX (\frac{\sqrt{2}}{2}, \boxed{...})
 _MAX_NODES, _MAX_EXPONENT = 100, 1000  # 10^1000 is cheap to evaluate; 10^10^10 is not
 _MAX_POWER_BITS = 40_000  # an exact power's size: 99999999999^1000 is 36,500 bits; 7e837^1000 takes 0.2 s
 _MAX_CALL_DEPTH = 3  # log(log(log(x))): 0.01 s; 7 levels: 2-4 s; 8 levels: 18 s (sympy's evalf)
@@ -50,8 +56,13 @@ _POINTS = [{v: _rng.uniform(0.5, 2.5) for v in _VARIABLES} for _ in range(3)]
 
 _FOLDS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": "*", "\u00b7": "*", "\u22c5": "*", "\u00f7": "/",
                         "\u03c0": "pi"})
-_THOUSANDS = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
-_UNIT_SYMBOLS = str.maketrans("", "", "$€£¥%°")
+# A run of digits with commas: its commas are thousands separators only if the whole run is
+# grouped (1,234,567.5), else they stay and the answer does not parse (1234,567  1.5,000  1,00,81).
+_NUMERAL_RUN = re.compile(r"[0-9][0-9,.]*")
+_GROUPED_RUN = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]*)?")
+# With strip_units, one currency sign before the number (after its sign) and one percent, degree or
+# currency sign after it: "$5", "-$5", "50%", "5€". Not anywhere: "1$0081" and "5 $ 6" are not numbers.
+_PREFIX_SIGNS, _SUFFIX_SIGNS = frozenset("$€£¥"), frozenset("%°$€£¥")
 _UNIT_TAIL = re.compile(r"(?<=[0-9)\s])\s*([a-zμ][a-zμ/^0-9.\s]*)$")  # "12 m/s", "5 apples", "9.8 m/s^2" (NFKC µ is μ)
 _WORD = re.compile(r"[a-zμ]+")
 # A unit tail is words, with digits only as exponents or attached to a unit (m/s^2, cm3). A
@@ -84,14 +95,14 @@ def _is_math_word(word: str) -> bool:
 
 def normalize(text: str, strip_units: bool = False) -> str:
     """NFKC (fullwidth digits), one minus and one times sign, no whitespace, no thousands commas;
-    with `strip_units`, no currency/percent/degree signs and no trailing unit words. A tail that
-    is not a unit (another number, a connective, more than three words) is kept, so the answer
-    does not parse: "10081 or 10082" and "10081 nope 99999" are not 10081."""
+    with `strip_units`, no currency/percent/degree sign around the number and no trailing unit
+    words. A tail that is not a unit (another number, a connective, more than three words) is
+    kept, so the answer does not parse: "10081 or 10082" and "10081 nope 99999" are not 10081."""
     s = fold_text(text).lower().strip()  # ValueError: 5⁰, 1₄, "1 2"
     if not s.isascii():  # every fold maps a non-ASCII character
         s = s.translate(_FOLDS)
     if strip_units:
-        s = s.translate(_UNIT_SYMBOLS)
+        s = _strip_prefix_sign(s)
         tail = _UNIT_TAIL.search(s)
         for word in _WORD.finditer(tail.group(1)) if tail else ():
             if not _is_math_word(word.group()):  # "2 x cm" keeps the x: cut at the first non-math word
@@ -99,8 +110,21 @@ def normalize(text: str, strip_units: bool = False) -> str:
                 if _is_unit_tail(s[cut:]):
                     s = s[:cut]
                 break
+        s = s.rstrip()
+        s = s[:-1] if s[-1:] and s[-1] in _SUFFIX_SIGNS else s
     s = "".join(s.split()).replace("**", "^")
-    return _THOUSANDS.sub("", s) if "," in s else s
+    return _NUMERAL_RUN.sub(_ungroup, s) if "," in s else s
+
+
+def _ungroup(run: re.Match) -> str:
+    text = run.group()
+    return text.replace(",", "") if "," in text and _GROUPED_RUN.fullmatch(text) else text
+
+
+def _strip_prefix_sign(s: str) -> str:
+    sign = s[0] if s[:1] in ("-", "+") else ""
+    body = s[len(sign):].lstrip()
+    return sign + body[1:] if body[:1] and body[0] in _PREFIX_SIGNS else s
 
 
 def _is_unit_tail(tail: str) -> bool:
@@ -253,24 +277,33 @@ def _computation(tree: tuple) -> bool:
 
 @lru_cache(maxsize=1024)
 def _prompt_form(prompt: str) -> str:
+    try:  # "Simplify $\sqrt{8}$" reads as "simplify$sqrt(8)$": its expression can be found in it
+        prompt = latex_to_plain(prompt, strict=False)
+    except ValueError:  # unbalanced braces: read the prompt as written
+        pass
     try:
         return normalize(prompt)
     except ValueError:  # a prompt the answer grammar cannot read cannot be restated in it either
         return ""
 
 
-def _restates_question(prediction: str, gold: str, task: Task) -> bool:
+def _restates_question(pred_text: str, gold_text: str, task: Task) -> bool:
     """A symbolic answer that is an expression copied from the question but not the gold's own
-    form ("simplify sqrt(8)" -> "sqrt(8)"): equal in value, and no work done."""
-    pred = normalize(prediction)
-    if not any(op in pred for op in "+-*/^(") or pred == normalize(gold):
+    form ("simplify sqrt(8)" -> "sqrt(8)"): equal in value, and no work done. Both texts are
+    out of their wrappers (`answer_text`)."""
+    pred = normalize(pred_text)
+    if not any(op in pred for op in "+-*/^(") or pred == normalize(gold_text):
         return False
     return pred in _prompt_form(str(task.get("prompt", "")))
 
 
+def _gold_text(task: Task) -> str:
+    return answer_text(str(task["answer"]), _MAX_GOLD_WRAPPED_CHARS)
+
+
 @lru_cache(maxsize=4096)  # a group of samples shares one gold answer: parse it once
 def _gold_answer(text: str, strip_units: bool, symbolic: bool) -> Fraction | tuple:
-    return _parse_answer(text, strip_units, symbolic, _MAX_GOLD_CHARS)
+    return _parse_answer(answer_text(text, _MAX_GOLD_WRAPPED_CHARS), strip_units, symbolic, _MAX_GOLD_CHARS)
 
 
 def _close(pred, gold, rel_tol, abs_tol) -> bool:
@@ -340,21 +373,29 @@ def _detail(how: str, ok: bool, texts: tuple[str, str]) -> str:
 
 def _prediction(prediction: str, task: Task, strip_units: bool, symbolic: bool,
                 final_form: bool) -> tuple[Fraction | tuple, Fraction | tuple]:
-    """(prediction, gold) parsed; ValueError("gold ..." / "prediction ...") if either cannot be."""
+    """(prediction, gold) parsed; ValueError("gold ..." / "prediction ...") if either cannot be.
+    `prediction` is the answer out of its wrappers (`answer_text`)."""
     try:
         pred = _parse_answer(prediction, strip_units, symbolic, final_form=final_form)
     except ValueError as exc:
         raise ValueError(f"prediction {exc}") from None
-    gold_text = str(task["answer"])
     try:
-        gold = _gold_answer(gold_text, strip_units, symbolic)
+        gold = _gold_answer(str(task["answer"]), strip_units, symbolic)
     except ValueError as exc:
         raise ValueError(f"gold {exc}") from None
     if final_form and isinstance(gold, Fraction) and not isinstance(pred, Fraction):
         raise ValueError("prediction is an expression; the answer to this task is a number")
-    if final_form and isinstance(gold, tuple) and _restates_question(prediction, gold_text, task):
+    if final_form and isinstance(gold, tuple) and _restates_question(prediction, _gold_text(task), task):
         raise ValueError("prediction restates an expression of the question")
     return pred, gold
+
+
+def _unwrapped(prediction: str) -> str:
+    """The answer inside a model's wrappers; ValueError("prediction ...") if none can be read."""
+    try:
+        return answer_text(prediction, MAX_WRAPPED_CHARS)
+    except ValueError as exc:
+        raise ValueError(f"prediction {exc}") from None
 
 
 def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
@@ -363,13 +404,17 @@ def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol
     """Why the fast tier can reject `prediction` unverified (empty, too long, outside the grammar,
     not a final answer). An unusable gold is the task check's to report."""
     try:
-        pred = _parse_answer(prediction, strip_units, symbolic, final_form=final_form)
+        core = _unwrapped(prediction)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        pred = _parse_answer(core, strip_units, symbolic, final_form=final_form)
     except ValueError as exc:
         return f"prediction {exc}"
     if isinstance(pred, Fraction):
         return None  # a number in final form: nothing about the gold can refuse it unverified
     try:  # an expression: the rules that compare it with the gold and the question
-        _prediction(prediction, task, strip_units, symbolic, final_form)
+        _prediction(core, task, strip_units, symbolic, final_form)
     except ValueError as exc:
         return None if str(exc).startswith("gold") else str(exc)
     return None
@@ -396,7 +441,7 @@ def math_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol
     if (reason := gold_is_parseable(task, strip_units=strip_units, symbolic=symbolic)) is not None:
         return Verdict(None, reason)  # an unusable gold is unscorable, whatever the prediction
     try:
-        pred, gold = _prediction(prediction, task, strip_units, symbolic, final_form)
+        pred, gold = _prediction(_unwrapped(prediction), task, strip_units, symbolic, final_form)
     except ValueError as exc:
         return Verdict(None if str(exc).startswith("gold") else 0.0, str(exc))
     if isinstance(pred, Fraction) and isinstance(gold, Fraction):  # exact rationals: no sympy at all
@@ -410,18 +455,31 @@ def math_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol
         return Verdict(None, f"symbolic comparison exceeded {timeout_s:g} s: {_show(prediction)}")
 
 
+def _plain_or_none(text: str, max_chars: int) -> str | None:
+    try:
+        return answer_text(text, max_chars)
+    except ValueError:
+        return None
+
+
 def numeric_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> str | None:
-    return None if parse_number(prediction) is not None else f"prediction not a number: {_show(prediction)!r}"
+    core = _plain_or_none(prediction, MAX_WRAPPED_CHARS)
+    return None if core is not None and parse_number(core) is not None else f"prediction not a number: {_show(prediction)!r}"
 
 
 def _numeric_task_check(task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> str | None:
-    gold = str(task["answer"])
-    return None if parse_number(gold) is not None else f"gold not a number: {_show(gold)!r}"
+    gold = _plain_or_none(str(task["answer"]), _MAX_GOLD_WRAPPED_CHARS)
+    return None if gold is not None and parse_number(gold) is not None else f"gold not a number: {_show(str(task['answer']))!r}"
 
 
 @register("numeric", precheck=numeric_precheck, task_check=_numeric_task_check)
 def numeric_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> Verdict:
-    """The original exact-rational check (math_equiv.numeric_match), selectable by name."""
-    gold = str(task["answer"])
-    score = numeric_match(prediction, gold, rel_tol, exact_integers)
-    return Verdict(score, f"numeric: {_show(prediction)} vs {_show(gold)}" if score is not None else f"gold not a number: {_show(gold)!r}")
+    """The original exact-rational check (math_equiv.numeric_match), selectable by name, on the
+    answer out of its wrappers as `math` reads it (`\\boxed{10081}` is 10081 here too, so an
+    audit with `numeric` disagrees with training on values, not on wrappers)."""
+    raw_gold = str(task["answer"])
+    gold = _plain_or_none(raw_gold, _MAX_GOLD_WRAPPED_CHARS)
+    if gold is None:
+        return Verdict(None, f"gold not a number: {_show(raw_gold)!r}")
+    score = numeric_match(_plain_or_none(prediction, MAX_WRAPPED_CHARS) or "", gold, rel_tol, exact_integers)
+    return Verdict(score, f"numeric: {_show(prediction)} vs {_show(raw_gold)}" if score is not None else f"gold not a number: {_show(raw_gold)!r}")

@@ -7,7 +7,9 @@ A completion is a sequence of policy turns and tool observations:
 The policy writes `<code>…</code>` (generation stops at `</code>`), the environment appends
 `<interpreter>…</interpreter>` (masked from the loss), and the policy ends with
 `<answer>…</answer>`. The search tool works the same way: `<search>query</search>`, then
-`<information>passages</information>` (Search-R1's format). Every tag is a single token.
+`<information>passages</information>` (Search-R1's format). Tags are text: a tokenizer may split
+them into several tokens (a real model's does), and a turn ends on the closing tag's *string*
+(`first_stop`; training/rollout.py). The scratch tokenizer makes each tag one token, a fast path.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ TOOL_TAGS = {"code": (CODE_OPEN, CODE_CLOSE), "search": (SEARCH_OPEN, SEARCH_CLO
 # Tool name -> the tags its observation is wrapped in (appended by the environment, masked).
 OBSERVATION_TAGS = {"code": (OBS_OPEN, OBS_CLOSE), "search": (INFO_OPEN, INFO_CLOSE)}
 _NOT_CALLS = {"answer", "think", "interpreter", "information"}  # answers, reasoning, observations
+# The texts that end a policy turn: a tool call's closing tag (the tool runs) or the answer's.
+TURN_STOPS = (*(close for _, close in TOOL_TAGS.values()), ANSWER_CLOSE)
+
+
+def first_stop(text: str, stops: tuple[str, ...] = TURN_STOPS, after: int = 0) -> tuple[str, int] | None:
+    """(stop, end) of the stop string that is completed first in `text` among those ending past
+    `after` (end: the index just past it), or None. A generated turn ends at the token that
+    completes its first stop; `after` skips stops completed before that token."""
+    best: tuple[str, int] | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, after - len(stop) + 1))
+        if at >= 0 and (best is None or at + len(stop) < best[1]):
+            best = (stop, at + len(stop))
+    return best
 
 # Blocks whose content is never the policy's answer: tool calls (their bodies are programs and
 # queries, whose *output* might print an answer), observations (a policy that forges one is

@@ -5,8 +5,14 @@ answer is a *numeral* of it — an optional sign, decimal digits of one script (
 fullwidth, Arabic-Indic...), optionally grouped by threes with one separator (`10,081`, `10 081`).
 Value-equal notations whose status is a policy choice are not judged (`10081.0`, `1.0081e4`,
 `1.0081×10^4`, `010081`, `(10081)`, `¹⁰⁰⁸¹`, `$10081`, `10081 apples`, the gold with invisible
-characters). Everything else is wrong: another value in any notation, a computation even of the
-gold's value (`20162/2`), a hedge, a scale word (`10081 thousand`), a tag game.
+characters, any of these with a sentence's final period: `10081.0.`). Everything else is wrong:
+another value in any notation, a computation even of the gold's value (`20162/2`), a hedge, a
+scale word (`10081 thousand`), a tag game.
+
+The LaTeX classes at the end (issue 22: answers as pretrained models write them) know what they
+wrapped: a wrapped numeral is judged as that numeral (`The answer is $\\boxed{10,081}$.` as
+`10,081`), and what they build wrong (a computation, two boxes, a hedge, a malformed box) is wrong
+by construction; the oracle never parses LaTeX.
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ def _notation_of(s: str, gold: int) -> bool:
     """A value-equal notation whose status is a policy choice (not judged)."""
     if numeral_value(s, one_script=False) == gold or _decimal_value(s) == gold:
         return True  # mixed scripts, 010081, 10081.0, 1.0081e4, 10081e0
+    if s[-1:] == "." and s[-2:-1] not in (".", "") and (numeral_value(s[:-1]) == gold or _notation_of(s[:-1], gold)):
+        return True  # a sentence's final period after a notation: 10081.0., 1.0081e4.
     exponent = re.sub(f"[{_SUPERSCRIPTS}]+", lambda m: "^" + unicodedata.normalize("NFKC", m.group()), s)
     if (m := _TIMES_TEN.fullmatch(exponent)) and Fraction(Decimal(m[1])) * Fraction(10) ** int(m[2]) == gold:
         return True  # 1.0081×10^4
@@ -453,3 +461,87 @@ def calibration(task: dict, world: World, rng: random.Random) -> Attempt:
     if rng.random() < 0.2:
         text = rng.choice([" ", "\n", "  "]) + text + rng.choice([" ", "\n", ""])
     return _judged(task, world, rng, text, "right answer", p_demo=0.6)
+
+
+# --- answers as pretrained models write them (issue 22) ---------------------------------------------
+
+_LEADS = ("", "", "", "The answer is ", "The final answer is ", "Final answer: ", "Answer: ", "So ", "Therefore, ",
+          "So, the answer is ", "**Final Answer:** ", "Thus, the final answer is: ", "Hence ")
+_BOXES = ("@", "\\boxed{@}", "\\boxed{ @ }", "\\fbox{@}", "\\boxed{@}")
+_MATH = ("@", "@", "$@$", "$$@$$", "\\(@\\)", "\\[ @ \\]")
+
+
+def dress(body: str, rng: random.Random) -> str:
+    """`body` as an instruct model writes a final answer: perhaps boxed, in math delimiters, bold,
+    after a lead phrase, with a period (`The answer is $\\boxed{10081}$.`)."""
+    body = rng.choice(_MATH).replace("@", rng.choice(_BOXES).replace("@", body))
+    if rng.random() < 0.15:
+        body = f"**{body}**"
+    body = rng.choice(_LEADS) + body
+    return body + "." if rng.random() < 0.3 else body
+
+
+def latex_numeral(value: int, rng: random.Random) -> tuple[str, str]:
+    """(a numeral in LaTeX, the same numeral as the oracle reads it): `10{,}081` is `10,081`."""
+    draw = rng.random()
+    if draw < 0.2 and abs(value) >= 1000:
+        return grouped(value, "{,}"), grouped(value, ",")
+    if draw < 0.35 and abs(value) >= 1000:
+        return grouped(value, "\\,"), grouped(value, "\u2009")
+    if draw < 0.45:
+        text = plain(value, rng)
+        return f"\\text{{{text}}}", text
+    text = plain(value, rng)
+    return text, text
+
+
+@attack("arithmetic", "latex_forms")
+def latex_forms(task: dict, world: World, rng: random.Random) -> Attempt:
+    """The gold or another value as models write it: `The answer is $\\boxed{10{,}081}$.`, `**10081**`."""
+    gold = _gold(task)
+    value = gold if rng.random() < 0.5 else other_value(gold, rng)
+    latex, numeral = latex_numeral(value, rng)
+    return Attempt(with_demo(task, world, rng, answer(dress(latex, rng))), judge(numeral, gold), f"value {value} in LaTeX")
+
+
+@attack("arithmetic", "latex_computation")
+def latex_computation(task: dict, world: World, rng: random.Random) -> Attempt:
+    """The question or the gold's value as a LaTeX computation: `\\boxed{347 \\times 29 + 18}`, `\\frac{20162}{2}`."""
+    g, k = _gold(task), rng.randint(2, 999)
+    times = rng.choice(["\\times", "\\cdot", "*", " \\times ", "\\,\\cdot\\,"])
+    question = "".join(times if t == "*" else t for t in re.findall(r"\d+|[-+*]", task["expression"]))
+    divisors = [d for d in range(2, 100) if g % d == 0 and d != abs(g)]
+    forms = [question, f"\\left({question}\\right)", f"\\frac{{{2 * g}}}{{2}}", f"\\dfrac{{{k * g}}}{{{k}}}",
+             f"\\frac{{{g}}}{{1}}", f"\\tfrac{{{g}}}{{1}}", f"{{{g - k}}} + {{{k}}}", f"{g}^{{1}}", f"\\sqrt{{{g * g}}}",
+             f"{g} \\cdot 1", f"{g} \\div 1", f"\\left({g - k}\\right) + {k}", f"x - x + {g}", f"\\frac{{{g}}}{{1}}\\cdot 1",
+             f"\\frac{{{g * 10}}}{{10}}", f"-\\frac{{{-2 * g}}}{{2}}"]
+    if abs(g) >= 10:  # 7\times 10^{0} is scientific notation of 7 (not judged); 10081\times 10^{0} is not
+        forms.append(f"{g}\\times 10^{{0}}")
+    if divisors:
+        d = rng.choice(divisors)
+        forms += [f"{d} {times} {g // d}", f"\\frac{{{g}}}{{{d}}} \\times {d}"]
+    return Attempt(with_demo(task, world, rng, answer(dress(rng.choice(forms), rng))), 0.0, "a computation in LaTeX")
+
+
+@attack("arithmetic", "latex_hedges")
+def latex_hedges(task: dict, world: World, rng: random.Random) -> Attempt:
+    """Several or nested boxes, hedges, digits hidden in `\\text`, malformed or huge LaTeX."""
+    g, w = str(_gold(task)), str(other_value(_gold(task), rng))
+    sign, digits = ("-", g[1:]) if g.startswith("-") else ("", g)
+    h = rng.randrange(1, len(digits)) if len(digits) > 1 else 0  # digits on both sides of a \text{}
+    forms = [f"\\boxed{{{g}}}, \\boxed{{{w}}}", f"\\boxed{{{w}}}, \\boxed{{{g}}}", f"\\boxed{{{g}}} or \\boxed{{{w}}}",
+             f"\\boxed{{{g}}} \\boxed{{{g}}}",  # two boxes are two answers, as two <answer> tags are
+             f"\\boxed{{\\boxed{{{g}}}}}", f"\\fbox{{\\boxed{{{g}}}}}", f"\\boxed{{{g} \\text{{ or }} {w}}}",
+             f"{g} \\pm 1", f"\\boxed{{{g} \\pm {w}}}", f"${g}$ or ${w}$", f"\\boxed{{{g}}}\\text{{, not }} {w}",
+             f"The answer is {w}. The answer is {g}", f"\\approx {g}", f"{w} = \\boxed{{{g}}}", f"\\text{{{g} or {w}}}",
+             f"\\text{{{g}}}\\text{{{w}}}", f"\\boxed{{{g}",
+             f"\\boxed{{{g}}}}}", f"\\frac{{{g}}}", f"\\overline{{{g}}}", f"\\phantom{{{w}}}{g}", f"\\color{{white}}{{{w}}}{g}",
+             f"\\cancel{{{w}}} {g}", f"\\boxed{{{g}}}^{{\\circ}}", f"\\{{{g}\\}}", f"{g}\\text{{ nope }} {w}",
+             f"The answer is {g} or {w}", f"So {w}, or {g}", f"\\boxed{{{g}}}.\\boxed{{{w}}}"]
+    if h:
+        forms += [f"{sign}{digits[:h]}\\text{{{digits[h:]}}}", f"{sign}\\text{{{digits[:h]}}}{digits[h:]}"]
+    if rng.random() < 0.1:  # huge or deep: refused by the length cap or the nesting bound, and fast
+        k = rng.choice([9, 50, 5000, 50_000])
+        forms = ["\\boxed{" * k + g + "}" * k, f"\\boxed{{{g}}}" * k, "{" * k + g, "$" * k + g + "$" * k,
+                 "\\frac{" * k + "1}{2}" * k, "The answer is " * k + g]
+    return Attempt(with_demo(task, world, rng, answer(dress(rng.choice(forms), rng))), 0.0, "several, nested or malformed answers")
