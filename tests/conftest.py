@@ -95,7 +95,8 @@ def smol_policy(sandbox, smollm2_folder):
     from training.warm_start import warm_started_policy
 
     cfg = load_profile("micro", {**smol_overrides(), "data.families.search.train_tasks": 1, "data.families.code.train_tasks": 1,
-                                 "teacher.arithmetic.p_direct": 0.0, "sft.batch_size": 8, "sft.learning_rate": 2e-4, "sft.warmup_steps": 2})
+                                 "teacher.arithmetic.p_direct": 0.0, "sft.batch_size": 8, "sft.learning_rate": 2e-4, "sft.warmup_steps": 2,
+                                 "engine.precision": "bf16"})  # the SFT under autocast; the policy's log-probs are then compared in fp32
     return warm_started_policy(cfg, sandbox, sft_steps=10)
 
 

@@ -46,5 +46,5 @@ def warm_started_policy(cfg: FlywheelConfig, sandbox, *, sft_steps: int, seed: i
     tools = build_tools(sandbox=sandbox, kb=kb, top_k=cfg.data.knowledge_base.top_k)
     rows = build_sft_trajectories(tasks, tok, tools, teacher=cfg.teacher, seed=seed, kb=kb, system_prompt=cfg.rollout.system_prompt)
     examples = [Example(r["prompt_ids"], r["completion_ids"], r["loss_mask"]) for r in rows]
-    history = train_sft(model, examples, cfg.sft.model_copy(update={"steps": sft_steps}), pad_id=tok.eos_token_id, seed=seed)
+    history = train_sft(model, examples, cfg.sft.model_copy(update={"steps": sft_steps}), pad_id=tok.eos_token_id, seed=seed, engine_cfg=cfg.engine)
     return WarmStart(model.eval(), tok, tasks, kb, tools, history)
