@@ -71,6 +71,7 @@ def score(prediction: str, gold: str, prompt: str = "", **params) -> float | Non
     ("10081", "10081"),  # the fast path: nothing to peel
     ("x+1", "x+1"),
     ("10081..", "10081.."),  # one period is a sentence's; two are not peeled
+    ("10081. .", "10081. ."),  # nor two with a space between (the reward fuzzer's finding: `68. .` was rewarded)
     ("The answer is 5 or 6", "5 or 6"),  # what is left after the lead is read by the usual rules
 ])
 def test_answer_text_peels_the_wrappers(text, core):
@@ -184,7 +185,7 @@ ATTACKS = [
     r"\mathbf{1}0081", r"\boxed{10081}^{\circ}", r"\sqrt[2]{101626561}", r"\{10081\}", r"\\boxed{10081}",
     # malformed
     r"\boxed{10081", r"\boxed{10081}}", r"\boxed10081", r"\frac{10081}", r"\frac{10081}{", "{10081", "10081}", r"\boxed{}",
-    "$$", "$", "**", "****", "\\", "10081..", "10081.0.5", r"\boxed{ }.", "The answer is", "So.",
+    "$$", "$", "**", "****", "\\", "10081..", "10081. .", "10081 . .", "10081.0.5", r"\boxed{ }.", "The answer is", "So.",
 ]
 
 

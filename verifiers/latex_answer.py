@@ -116,8 +116,10 @@ def _peel_bold(s: str) -> str | None:
 
 
 def _peel_period(s: str) -> str | None:
-    """One sentence-ending period: `10081.` `$\\frac{1}{2}$.` (not `10081..`: that is two)."""
-    return s[:-1].rstrip() if len(s) > 1 and s[-1] == "." and s[-2] != "." else None
+    """One sentence-ending period: `10081.` `$\\frac{1}{2}$.` (not `10081..` nor `10081. .`: two
+    periods, whatever the spacing between them, found by the reward fuzzer)."""
+    inner = s[:-1].rstrip()
+    return inner if len(s) > 1 and s[-1] == "." and inner and inner[-1] != "." else None
 
 
 def _peel_delimiters(s: str) -> str | None:
