@@ -89,7 +89,7 @@ def smol_overrides() -> dict:
 
 @pytest.fixture(scope="session")
 def smol_policy(sandbox, smollm2_folder):
-    """SmolLM2-135M-Instruct after a few SFT steps on arithmetic demonstrations (~1 min): enough
+    """SmolLM2-135M-Instruct after a few SFT steps on arithmetic demonstrations (~1.5 min): enough
     to write `<code>…</code>` calls in its own tokens (its tokenizer splits every tag in three)."""
     from configs import load_profile
     from training.warm_start import warm_started_policy
@@ -97,7 +97,7 @@ def smol_policy(sandbox, smollm2_folder):
     cfg = load_profile("micro", {**smol_overrides(), "data.families.search.train_tasks": 1, "data.families.code.train_tasks": 1,
                                  "teacher.arithmetic.p_direct": 0.0, "sft.batch_size": 8, "sft.learning_rate": 2e-4, "sft.warmup_steps": 2,
                                  "engine.precision": "bf16"})  # the SFT under autocast; the policy's log-probs are then compared in fp32
-    return warm_started_policy(cfg, sandbox, sft_steps=10)
+    return warm_started_policy(cfg, sandbox, sft_steps=16)
 
 
 # What the platform layer's `flywheel-env` Secret gives every pod on the cluster (the infra layer's

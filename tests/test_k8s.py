@@ -16,7 +16,7 @@ from pipelines.definitions import build_definitions
 from tests.conftest import CLUSTER_ENV
 
 # sft_checkpoint's GPU work runs in the pod its Pipes launcher creates (orchestration.sft_launcher: k8s)
-GPU_STEPS = {"rl_round", "sft_benchmark_scores", "benchmark_scores"}
+GPU_STEPS = {"base_benchmark_scores", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
 # What the Helm chart's K8sRunLauncher contributes to every step pod (not ours to test).
 RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagster_home", instance_config_map="dagster-instance",
                                postgres_password_secret="dagster-postgresql-secret", image_pull_policy="IfNotPresent",

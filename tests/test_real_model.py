@@ -67,7 +67,7 @@ def test_real_model_rollouts_are_token_exact(kind, smol_policy, tmp_path, reques
 
     cfg = load_profile("micro", smol_overrides()).rollout
     engine = HFEngine(smol_policy.model, smol_policy.tokenizer) if kind == "hf" else request.getfixturevalue("smol_vllm")
-    tasks = [t for t in smol_policy.tasks if t["family"] == "arithmetic"][:6]
+    tasks = [t for t in smol_policy.tasks if t["family"] == "arithmetic"][:8]
     episodes = check_token_exact(engine, smol_policy, "arithmetic", cfg, tmp_path, 1e-4, tasks=tasks, group_size=2)
     assert any(e.stop_reason == "answer" for e in episodes)
 

@@ -220,7 +220,7 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
         page.get_by_role("button", name="Save").click()
         launch = page.get_by_role("button", name="Launch 1 run")
         try:
-            launch.wait_for(timeout=90_000)  # the new partition is added, then selected
+            launch.wait_for(timeout=180_000)  # the new partition is added, then selected (slow on a loaded 2-core CI machine)
         except Exception as exc:
             page.screenshot(path=str(SHOTS / "dagster-round-launch-failed.png"))
             raise AssertionError(f"no 'Launch 1 run' after adding partition 1; the page says: {page.inner_text('body')[-1500:]}") from exc
