@@ -266,6 +266,9 @@ class RLConfig(_Strict):
     minibatches: int = Field(2, ge=1)
     grad_clip: float = Field(1.0, gt=0)
     drop_zero_variance_groups: bool = Field(True, description="Groups with identical rewards carry no group-relative signal.")
+    group_filter: Literal["reward", "outcome"] = Field("reward", description="What must vary within a group for it to train (dynamic "
+                                                       "sampling and drop_zero_variance_groups). outcome: DAPO's accuracy filter (verl's "
+                                                       "filter_groups.metric acc), so shaping-only differences never make a group count.")
     init_from: Literal["champion", "sft"] = Field("champion", description="Where each round starts.")
     tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling on the rollout-engine/trainer mismatch: "
                                   "each token's loss is weighted by min(pi_trainer / pi_engine, cap) (verl, SkyRL). None: off.")

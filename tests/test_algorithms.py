@@ -160,6 +160,18 @@ def test_dynamic_sampling_keeps_the_first_groups_with_spread():
     assert [r["group_id"] for r in kept] == ["b", "b"]
 
 
+def test_the_outcome_filter_ignores_shaping_only_spread():
+    """DAPO's accuracy filter: group a's samples all fail and differ only by a tool-cost term, group b's
+    all succeed; under the reward filter both would train (their std-normalized advantages are +-1),
+    under the outcome filter only c, whose outcomes differ, does."""
+    records = [{"group_id": g} for g in "aabbcc"]
+    scores = [{"reward": r, "outcome": o} for r, o in ((-0.1, 0.0), (-0.2, 0.0), (1.0, 1.0), (0.9, 1.0), (1.0, 1.0), (-0.1, 0.0))]
+    assert [r["group_id"] for r in _first_spread_groups(records, scores, 3)[0]] == list("aabbcc")
+    assert [r["group_id"] for r in _first_spread_groups(records, scores, 3, "outcome")[0]] == ["c", "c"]
+    scores[0]["outcome"] = None  # unscorable counts as no success, as the collapse metrics read it
+    assert [r["group_id"] for r in _first_spread_groups(records, scores, 3, "outcome")[0]] == ["c", "c"]
+
+
 @pytest.fixture(scope="module")
 def rollout_batch(tokenizer_and_tasks, micro_cfg, sandbox):
     tok, tasks = tokenizer_and_tasks
@@ -193,6 +205,18 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
     plain = get_advantage_estimator("rloo")(torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))]))
     torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples_loss]), plain)
     assert samples_loss[0].ref_logprobs == pytest.approx(ref[0])
+
+
+def test_without_dynamic_sampling_the_outcome_filter_drops_constant_outcome_groups(rollout_batch):
+    policy, tok, records, scores = rollout_batch
+    scores = [dict(s, outcome=1.0 if i < 4 else float(i % 2)) for i, s in enumerate(scores)]  # group 0 all solved, rewards still spread
+    rl = RLConfig(algorithm="grpo", kl_coef=0.0, group_filter="outcome")
+    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=None, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    assert {s.record["group_id"] for s in samples} == {r["group_id"] for r in records[4:]}
+    assert metrics["rollout/no_outcome_spread_dropped"] == 4
+    by_reward, _ = prepare_samples(records, scores, resolve_algorithm(RLConfig(algorithm="grpo", kl_coef=0.0)), RLConfig(algorithm="grpo", kl_coef=0.0),
+                                   policy=policy, reference=None, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    assert len(by_reward) == len(records)
 
 
 def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micro_cfg):

@@ -79,6 +79,15 @@ def informative_groups(rewards: list[float], group_ids: list[str]) -> torch.Tens
     return std > 1e-6
 
 
+def filter_values(scores: list[dict], by: str) -> list[float]:
+    """The number whose within-group spread makes a group worth training on (`rl.group_filter`).
+    "outcome" is DAPO's accuracy filter (verl's `filter_groups.metric: acc`): a group whose samples
+    all succeed or all fail is dropped even when the shaping terms differ. Under a std-normalized
+    advantage, a 0.1 tool-cost difference between otherwise equal samples becomes a +-1 advantage:
+    an all-failed multi-hop group then teaches "search fewer times", not "answer right"."""
+    return [s["reward"] if by == "reward" else (s["outcome"] or 0.0) for s in scores]
+
+
 def mean_group_std(rewards: list[float], group_ids: list[str]) -> float:
     """Mean within-group reward std: the spread GRPO learns from (RAGEN watches it fall)."""
     _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
@@ -237,6 +246,13 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
     metrics["rollout/unscorable_groups"] = float(len(unscorable))
     if unscorable:
         keep = [i for i, r in enumerate(records) if r["group_id"] not in unscorable]
+        records, scores = [records[i] for i in keep], [scores[i] for i in keep]
+        old = [old[i] for i in keep] if old is not None else None
+        if not records:
+            return [], metrics
+    if rl.drop_zero_variance_groups and rl.group_filter == "outcome":  # the dynamic-sampling batch is already filtered; this is the plain one
+        keep = [i for i, k in enumerate(informative_groups(filter_values(scores, "outcome"), [r["group_id"] for r in records]).tolist()) if k]
+        metrics["rollout/no_outcome_spread_dropped"] = float(len(records) - len(keep))
         records, scores = [records[i] for i in keep], [scores[i] for i in keep]
         old = [old[i] for i in keep] if old is not None else None
         if not records:
@@ -461,7 +477,7 @@ def train_round(
             # 1-2. generate and verify; DAPO refills until enough groups have reward spread
             records, scores = sample(rl.prompts_per_step, step, str(step))
             passes = 1
-            while algo.dynamic_sampling and passes < rl.max_sampling_rounds and _spread_groups(records, scores) < rl.prompts_per_step:
+            while algo.dynamic_sampling and passes < rl.max_sampling_rounds and _spread_groups(records, scores, rl.group_filter) < rl.prompts_per_step:
                 passes += 1
                 more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
                 records, scores = records + more_records, scores + more_scores
@@ -469,7 +485,7 @@ def train_round(
             merge_stats(result.tier_stats, step_stats)
             result.disagreements += disagreements
             generate_s = time.perf_counter() - start
-            train_records, train_scores = (_first_spread_groups(records, scores, rl.prompts_per_step) if algo.dynamic_sampling else (records, scores))
+            train_records, train_scores = (_first_spread_groups(records, scores, rl.prompts_per_step, rl.group_filter) if algo.dynamic_sampling else (records, scores))
             # 3. reference log-probs, values, advantages
             critic = engines["critic"].model if algo.critic else None
             samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
@@ -513,14 +529,14 @@ def train_round(
     return result
 
 
-def _spread_groups(records: list[dict], scores: list[dict]) -> int:
-    keep = informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records])
+def _spread_groups(records: list[dict], scores: list[dict], by: str = "reward") -> int:
+    keep = informative_groups(filter_values(scores, by), [r["group_id"] for r in records])
     return len({r["group_id"] for r, k in zip(records, keep.tolist()) if k})
 
 
-def _first_spread_groups(records: list[dict], scores: list[dict], n_groups: int) -> tuple[list[dict], list[dict]]:
-    """DAPO's filtered batch: the first `n_groups` groups with reward spread (all of them if fewer)."""
-    keep = informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records])
+def _first_spread_groups(records: list[dict], scores: list[dict], n_groups: int, by: str = "reward") -> tuple[list[dict], list[dict]]:
+    """DAPO's filtered batch: the first `n_groups` groups with spread in `by` (all of them if fewer)."""
+    keep = informative_groups(filter_values(scores, by), [r["group_id"] for r in records])
     chosen = list(dict.fromkeys(r["group_id"] for r, k in zip(records, keep.tolist()) if k))[:n_groups]
     wanted = set(chosen)
     pairs = [(r, s) for r, s in zip(records, scores) if r["group_id"] in wanted]
