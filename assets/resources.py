@@ -4,7 +4,7 @@ Picked in one place (`pipelines.resources.resources_for(profile)`):
   settings  - the validated FlywheelConfig for the profile
   storage   - artifact root: a local folder, or s3://… through s3fs (fsspec)
   tracker   - MLflow (sqlite under FLYWHEEL_HOME locally, a tracking server on the cluster)
-  sandbox   - bubblewrap workers locally, Docker containers on the cluster
+  sandbox   - bubblewrap workers locally, Docker containers or a sandbox service on the cluster
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ class SandboxResource(ConfigurableResource):
     memory_mb: int = 256
     max_processes: int = 8
     max_files: int = 10_000
+    url: str | None = None  # the sandbox service (kind http)
+    token_env: str = "FLYWHEEL_SANDBOX_TOKEN"  # its shared secret is read from here when the sandbox opens
 
     @classmethod
     def from_config(cls, cfg: SandboxConfig) -> "SandboxResource":
@@ -130,11 +132,21 @@ class SandboxResource(ConfigurableResource):
 
         limits = SandboxLimits(timeout_s=self.timeout_s, cpu_s=max(1, int(self.timeout_s)), memory_mb=self.memory_mb, max_processes=self.max_processes,
                                max_files=self.max_files)
-        sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image)
+        sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image, url=self.url, token=self._token())
         try:
             yield sandbox
         finally:
             sandbox.close()
+
+    def _token(self) -> str | None:
+        """The sandbox service's secret (kind http), from the environment; never part of the config."""
+        if self.kind != "http":
+            return None
+        token = os.environ.get(self.token_env)
+        if not token:
+            raise ValueError(f"sandbox.kind is 'http' but the environment variable {self.token_env} (sandbox.token_env) is not set: "
+                             "it must hold the sandbox service's token")
+        return token
 
 
 def default_tracking_uri(home: Path) -> str:

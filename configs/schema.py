@@ -344,7 +344,8 @@ class RewardConfig(_Strict):
 
 
 class SandboxConfig(_Strict):
-    kind: Literal["bubblewrap", "docker"] = "bubblewrap"
+    kind: Literal["bubblewrap", "docker", "http"] = Field("bubblewrap", description="bubblewrap: an in-process pool; docker: a "
+                                                         "container per call; http: a sandbox service (verifiers/sandbox_service.py) at `url`.")
     image: str = Field("python:3.11-slim", description="Image of the docker tier's containers (docker/sandbox.Dockerfile, pushed to "
                        "your registry, on the cluster); bubblewrap ignores it.")
     pool_size: int = Field(2, ge=1)
@@ -353,6 +354,16 @@ class SandboxConfig(_Strict):
     max_processes: int = Field(8, ge=1)
     max_files: int = Field(10_000, ge=1, description="Entries (files, dirs, links) a call may create in its scratch dir: the "
                            "bubblewrap tier's per-call tmpfs nr_inodes; cleanup after a call frees at most this many (~15 ms for 10,000).")
+    url: str | None = Field(None, description="The sandbox service (kind http), e.g. http://sandbox.flywheel.svc:8790. It must run "
+                            "with the limits above (checked when the sandbox opens); pool_size is then the calls this process makes at once.")
+    token_env: str = Field("FLYWHEEL_SANDBOX_TOKEN", description="Environment variable holding the service's shared secret (kind "
+                           "http): read when the sandbox opens, never stored in the config.")
+
+    @model_validator(mode="after")
+    def _http_has_a_url(self) -> "SandboxConfig":
+        if self.kind == "http" and not (self.url or "").startswith(("http://", "https://")):
+            raise ValueError(f"sandbox.url must be the sandbox service's http:// or https:// URL when kind is 'http', got {self.url!r}")
+        return self
 
 
 class BenchmarkConfig(_Strict):

@@ -763,17 +763,27 @@ class BubblewrapSandbox:
         self.close()
 
 
-SANDBOX_KINDS = ("bubblewrap", "docker")
+SANDBOX_KINDS = ("bubblewrap", "docker", "http")
 
 
-def make_sandbox(kind: str, limits: SandboxLimits, pool_size: int = 2, *, image: str | None = None) -> Sandbox:
-    """Build the sandbox named in config; "docker" needs a reachable engine (and runs `image`)."""
+def make_sandbox(kind: str, limits: SandboxLimits, pool_size: int = 2, *, image: str | None = None,
+                 url: str | None = None, token: str | None = None) -> Sandbox:
+    """Build the sandbox named in config; "docker" needs a reachable engine (and runs `image`),
+    "http" a sandbox service at `url` that accepts `token` and runs with `limits`."""
     if kind == "bubblewrap":
         return BubblewrapSandbox(limits, pool_size)
     if kind == "docker":
         from verifiers.docker_sandbox import DockerSandbox  # host-side only; the worker never needs it
 
         return DockerSandbox(limits, pool_size, **({"image": image} if image else {}))
+    if kind == "http":
+        if not url:
+            raise ValueError("sandbox.url is required when sandbox.kind is 'http' (the sandbox service, e.g. http://sandbox:8790)")
+        if not token:
+            raise ValueError(f"sandbox kind 'http' needs the sandbox service's token (see sandbox.token_env); got {token!r}")
+        from verifiers.sandbox_client import HTTPSandbox  # host-side only, like docker
+
+        return HTTPSandbox(url, token, limits, concurrency=pool_size)
     raise ValueError(f"unknown sandbox kind {kind!r}; expected one of {SANDBOX_KINDS}")
 
 
