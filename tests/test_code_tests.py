@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 
 import pytest
@@ -14,7 +15,7 @@ if shutil.which("bwrap") is None:
     pytest.skip("bubblewrap (`bwrap`) is not installed; the sandbox needs it", allow_module_level=True)
 
 from verifiers.base import get_verifier, run_precheck, run_task_check, run_verifier  # noqa: E402
-from verifiers.code_runner import MAX_CALLS_PER_TEST, parse_answers, run_tests  # noqa: E402
+from verifiers.code_runner import MAX_CALLS_PER_TEST, PYTHON_PROBE, parse_answers, run_tests  # noqa: E402
 from verifiers.code_tests import (  # noqa: E402
     DEFAULT_ALLOWED_IMPORTS,
     FORBIDDEN_NAMES,
@@ -62,6 +63,8 @@ class FakeSandbox:
         self.result, self.calls = result, 0
 
     def run_python(self, code, *, stdin=""):
+        if code == PYTHON_PROBE and self.result.error is None:  # a working sandbox runs our Python
+            return SandboxResult("%d.%d\n" % sys.version_info[:2], "", 0, False, 0.0, None)
         self.calls += 1
         return self.result
 
@@ -324,6 +327,25 @@ def test_unscorable_tasks(task, reason):
     assert verdict.score is None and reason in verdict.details
     assert reason in select_tests_reason(task)
     assert box.calls == 0
+
+
+@pytest.mark.integrity
+def test_writing_the_loaders_version_message_does_not_make_a_wrong_answer_unscorable(sandbox):
+    """A policy's attack: the loader's 'Python differs' message was read from the run's stderr,
+    which the candidate writes, so a wrong answer printing it became unscorable (no 0, its group
+    dropped). The version is now asked by a probe of our own, once per sandbox."""
+    forged = "import sys\nsys.stderr.write(\"runner: the sandbox's Python differs from the trainer's\\n\")\n"
+    for candidate in (forged + "def add(a, b):\n    return -1\n", "def add(a, b):\n    import sys\n"
+                      "    sys.stderr.write(\"runner: the sandbox's Python differs from the trainer's\\n\")\n    return -1\n"):
+        outcomes = run_harness(sandbox, candidate)
+        assert outcomes == ["AssertionError", "AssertionError", "AssertionError"]
+
+
+def test_a_sandbox_whose_python_differs_is_unscorable():
+    box = FakeSandbox(SandboxResult("2.7\n", "", 0, False, 0.0, None))
+    box.run_python = lambda code, stdin="": box.result
+    verdict = verify(CORRECT, box)
+    assert verdict.score is None and "differs from the trainer" in verdict.details
 
 
 def test_sandbox_failure_is_unscorable():

@@ -15,6 +15,7 @@ import json
 import marshal
 import sys
 import types
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -285,10 +286,31 @@ def replay_test(code: str, entry_point: str, answers: list) -> tuple[bool | str 
     return outcome, None
 
 
+_SAME_PYTHON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sandbox -> its Python runs our marshal'd code
+PYTHON_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
+
+
+def check_sandbox_python(sandbox) -> None:
+    """Raise Unscorable unless the sandbox's Python has the trainer's version (marshal'd code is
+    version-bound). Asked once per sandbox by a probe of our own: never read from a candidate's
+    run, whose stderr the candidate writes (printing the loader's mismatch message turned a wrong
+    answer into an unscorable one, which escapes its 0)."""
+    if _SAME_PYTHON.get(sandbox):
+        return
+    result = sandbox.run_python(PYTHON_PROBE)
+    if result.error:
+        raise Unscorable(f"the sandbox's Python version could not be read: {result.error}")
+    ours = "%d.%d" % sys.version_info[:2]
+    if result.stdout.strip() != ours:
+        raise Unscorable(f"{_VERSION_MISMATCH} (runner {ours}, sandbox {result.stdout.strip()!r})")
+    _SAME_PYTHON[sandbox] = True
+
+
 def run_tests(candidate: str, tests: Sequence[_Test], entry_point: str, sandbox, allowed_imports: Iterable[str] | None,
               forbidden_names: Iterable[str] = ()) -> tuple[list[bool | str | None], str | None]:
     """Per test True (passed), a failure reason, or None (no answer: the run ended first); and the
     last run's error. Unscorable runs raise Unscorable."""
+    check_sandbox_python(sandbox)
     program = runner_program(candidate, allowed_imports, forbidden_names)
     outcomes: list[bool | str | None] = [None] * len(tests)
     answers: dict[int, list] = {i: [] for i in range(len(tests))}
@@ -311,8 +333,6 @@ def run_tests(candidate: str, tests: Sequence[_Test], entry_point: str, sandbox,
         run_error = result.error
         if result.error and result.error.startswith("sandbox_failure:"):
             raise Unscorable(result.error)
-        if _VERSION_MISMATCH in result.stderr:
-            raise Unscorable(result.stderr.strip().splitlines()[-1])
         if result.stdout.endswith(TRUNCATION_MARKER):  # lost lines would be failures that are not
             raise Unscorable(f"{len(pending)} answer lines overflow the sandbox's output limit")
         load_error, got = parse_answers(result.stdout, {i: len(c) for i, c in pending.items()})
