@@ -7,6 +7,7 @@ import torch
 from dagster import AssetExecutionContext, AutomationCondition, MetadataValue, Output, asset
 
 from assets.artifacts import MANIFEST, read_manifest
+from assets.launcher import JobLauncher
 from assets.locks import round_lock
 from assets.plots import bars_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
@@ -16,29 +17,32 @@ from assets.sft import load_checkpoint, records
 from assets.tracking import CHALLENGER, CHAMPION, ChampionChanged, MLflowTracker
 from environments.families import build_tools
 from environments.search import kb_from_rows
+from training.data_parallel import DataParallel
 from training.evaluate import evaluate_policy, promotion_decision, summarize
 from training.rollout_engines import build_rollout_engine
 from verifiers.cascade import Cascade
 
 
-def score_checkpoint(settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource, pointer: dict, tasks: pd.DataFrame,
-                     knowledge_base: pd.DataFrame) -> tuple[dict, dict[str, float]]:
+def evaluate_checkpoint(cfg, storage: ArtifactStore, sandbox: SandboxResource, pointer: dict, task_rows: list[dict],
+                        kb_rows: list[dict]) -> tuple[dict, dict[str, float]]:
     """The checkpoint on the benchmark: (summary, per-task mean score). Sampled pass@1 over
-    `samples_per_task`, and greedy pass@1 when `benchmark.greedy`."""
-    cfg = settings.config
+    `samples_per_task`, and greedy pass@1 when `benchmark.greedy`. Wherever it runs: in the step,
+    or launched through Pipes (assets/jobs.py), where each rank scores its share of the tasks
+    (sampling is keyed to the task, so the split does not change what is sampled)."""
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, pointer, cfg.model.dtype, cfg.device)
     bench = cfg.benchmark
-    task_rows = records(tasks)
-    kb = kb_from_rows(records(knowledge_base))
+    dp = DataParallel.current()
+    mine = dp.mine(task_rows)
+    kb = kb_from_rows(kb_rows)
     with sandbox.open() as box:
         tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
         cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
         common = dict(tools=tools, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
         engine = build_rollout_engine(cfg.rollout, model, tok, seed=cfg.seed)
         try:
-            sampled = evaluate_policy(engine, tok, task_rows, samples_per_task=bench.samples_per_task, greedy=False, **common)
-            greedy = evaluate_policy(engine, tok, task_rows, samples_per_task=1, greedy=True, **common) if bench.greedy else None
+            sampled = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=bench.samples_per_task, greedy=False, **common))
+            greedy = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=1, greedy=True, **common)) if bench.greedy else None
         finally:
             engine.close()
     summary = summarize(sampled, bench.confidence)
@@ -46,12 +50,26 @@ def score_checkpoint(settings: FlywheelSettings, storage: ArtifactStore, sandbox
     return summary, {r["task_id"]: r["score"] for r in sampled}
 
 
+def score_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
+                     launcher: JobLauncher, pointer: dict, tasks: pd.DataFrame, tasks_asset: str,
+                     knowledge_base: pd.DataFrame) -> tuple[dict, dict[str, float]]:
+    """(summary, per-task score) of the checkpoint, in the step or as a launched job that reads the
+    stored `tasks_asset` and knowledge base itself and reports back through Pipes."""
+    if not launcher.external:
+        return evaluate_checkpoint(settings.config, storage, sandbox, pointer, records(tasks), records(knowledge_base))
+    extras = {"profile": settings.profile, "overrides_json": settings.overrides_json, "storage_root": storage.root, "cache_dir": storage.cache_dir,
+              "pointer": pointer, "tasks_asset": tasks_asset}
+    invocation = launcher.launch(context, "benchmark", extras)
+    [scores] = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "summary" in m]
+    return scores["summary"], scores["per_task"]
+
+
 def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                         tracker: MLflowTracker, pointer: dict, tasks: pd.DataFrame, knowledge_base: pd.DataFrame, stage: str,
+                         tracker: MLflowTracker, launcher: JobLauncher, pointer: dict, tasks: pd.DataFrame, knowledge_base: pd.DataFrame, stage: str,
                          asset_name: str, blocked_by: str = "") -> Output[dict]:
     """`blocked_by`: why this checkpoint may not be promoted whatever its score (empty: it may)."""
     bench = settings.config.benchmark
-    summary, per_task = score_checkpoint(settings, storage, sandbox, pointer, tasks, knowledge_base)
+    summary, per_task = score_checkpoint(context, settings, storage, sandbox, launcher, pointer, tasks, "benchmark_tasks", knowledge_base)
 
     champion = tracker.version_by_alias(CHAMPION)
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
@@ -136,8 +154,9 @@ def pass_at_1_by_version(rows: list[dict]) -> bytes:
        description="The base model, zero-shot with the system prompt, on the held-out benchmark: the baseline of SFT's gain. "
                    "Logged to MLflow, not registered (benchmark.include_base).")
 def base_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                          tracker: MLflowTracker, base_model: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
-    summary, per_task = score_checkpoint(settings, storage, sandbox, base_model, benchmark_tasks, knowledge_base)
+                          tracker: MLflowTracker, launcher: JobLauncher, base_model: dict, benchmark_tasks: pd.DataFrame,
+                          knowledge_base: pd.DataFrame) -> Output[dict]:
+    summary, per_task = score_checkpoint(context, settings, storage, sandbox, launcher, base_model, benchmark_tasks, "benchmark_tasks", knowledge_base)
     with tracker.run(context, "base_benchmark_scores", {"benchmark": settings.config.benchmark.model_dump(), "stage": "base",
                                                          "checkpoint": base_model["uri"]}) as run_id:
         tracker.log_metrics(run_id, summary)
@@ -154,18 +173,20 @@ def base_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSett
 @asset(group_name="benchmark", pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY, automation_condition=AutomationCondition.eager(),
        description="SFT checkpoint on the held-out benchmark; registered as a model version.")
 def sft_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                         tracker: MLflowTracker, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
-    return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=sft_checkpoint,
+                         tracker: MLflowTracker, launcher: JobLauncher, sft_checkpoint: dict, benchmark_tasks: pd.DataFrame,
+                         knowledge_base: pd.DataFrame) -> Output[dict]:
+    return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, launcher=launcher, pointer=sft_checkpoint,
                                 tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="sft", asset_name="sft_benchmark_scores")
 
 
 @asset(group_name="benchmark", partitions_def=rl_rounds, pool=GPU_POOL, retry_policy=FLAKY_STEP_RETRY,
        description="A round's RL checkpoint on the held-out benchmark; promotion gate.")
 def benchmark_scores(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                     tracker: MLflowTracker, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame, knowledge_base: pd.DataFrame) -> Output[dict]:
+                     tracker: MLflowTracker, launcher: JobLauncher, rl_checkpoint: dict, benchmark_tasks: pd.DataFrame,
+                     knowledge_base: pd.DataFrame) -> Output[dict]:
     collapse = settings.config.rl.collapse
     health = round_health(rl_checkpoint, collapse)
     blocked_by = f"collapse early-warning ({', '.join(w.signal for w in health.warnings)})" if health.collapsed and collapse.action == "block" else ""
     with round_lock(storage.cache_dir, context):  # no run of this round may replace the checkpoint while it is scored and registered
-        return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, pointer=rl_checkpoint,
+        return benchmark_checkpoint(context, settings=settings, storage=storage, sandbox=sandbox, tracker=tracker, launcher=launcher, pointer=rl_checkpoint,
                                     tasks=benchmark_tasks, knowledge_base=knowledge_base, stage="rl", asset_name="benchmark_scores", blocked_by=blocked_by)

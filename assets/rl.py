@@ -8,6 +8,7 @@ A round starts from the current `champion` in the MLflow registry (or the SFT ch
 keeps the SFT checkpoint as the frozen KL reference.
 """
 
+import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +23,7 @@ from dagster import (
 from assets.contracts import contract_check
 from assets.data import MAX_LEVEL
 from assets.io import read_stored_frame
+from assets.launcher import JobLauncher
 from assets.locks import round_lock
 from assets.plots import curves_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
@@ -36,10 +38,11 @@ from training.curriculum import pool_frame, pool_weights, update_history
 from training.algorithms import resolve_algorithm
 from training.collapse import CollapseReport, detect_collapse
 from training.lora import apply_lora, merged
-from training.rl_loop import train_round
+from training.data_parallel import DataParallel
+from training.rl_loop import RoundResult, train_round
 from training.model import save_checkpoint
 from training.scoring import reward_summary, tier_table
-from verifiers.cascade import Cascade
+from verifiers.cascade import Cascade, TierStats
 
 rl_rounds = DynamicPartitionsDefinition(name="rl_round")
 
@@ -99,43 +102,68 @@ def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_
     retry_policy=FLAKY_STEP_RETRY,
 )
 def rl_round(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-             tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
+             tracker: MLflowTracker, launcher: JobLauncher, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
     # One run at a time per round (assets/locks.py): a second launch stops here, before it reads or writes the round's resume state or checkpoint.
     with round_lock(storage.cache_dir, context):
-        yield from train_round_partition(context, settings, storage, sandbox, tracker, training_tasks, sft_checkpoint, knowledge_base)
+        yield from train_round_partition(context, settings, storage, sandbox, tracker, launcher, training_tasks, sft_checkpoint, knowledge_base)
+
+
+def fit_round(cfg, storage: ArtifactStore, sandbox: SandboxResource, init: dict, init_version: str, sft_checkpoint: dict, tasks: list[dict],
+              knowledge_base: list[dict], weights: dict[str, float], round_index: int, on_step, provenance: dict | None = None) -> tuple[RoundResult, str]:
+    """The round's work, wherever it runs (in the step, or launched through Dagster Pipes by
+    assets/jobs.py, data-parallel under torchrun): train from `init`, save the `rl` checkpoint
+    (rank 0), and return (result, checkpoint uri). Collective across ranks."""
+    torch.set_num_threads(cfg.threads)
+    policy, tok = load_checkpoint(storage, init, cfg.model.dtype, cfg.device)
+    policy = apply_lora(policy, cfg.model.lora)
+    reference = None  # kl_coef = 0 (e.g. DAPO, GSPO): no KL term, so the reference model is never loaded
+    if resolve_algorithm(cfg.rl).needs_reference:
+        reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype, cfg.rl.reference_device or cfg.device)
+        reference.requires_grad_(False).eval()
+    # Resumable state lives on local disk next to the artifact cache: a re-executed round continues from it.
+    state_dir = Path(storage.cache_dir) / "rl-state" / f"round-{round_index}"
+    with sandbox.open() as box:
+        result = train_round(policy, reference, tok, tasks, build_tools(sandbox=box, kb=kb_from_rows(knowledge_base), top_k=cfg.data.knowledge_base.top_k),
+                             rl=cfg.rl, rollout=cfg.rollout, cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index,
+                             policy_version=init_version, seed=cfg.seed * 1000 + round_index, on_step=on_step, task_weights=weights, engine_cfg=cfg.engine,
+                             state_dir=state_dir, device=cfg.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
+    dp = DataParallel.current()
+    uri = ""
+    if dp.leader:
+        with storage.writable_dir("checkpoints", "rl", f"round-{round_index}", provenance=provenance) as (path, uri):
+            save_checkpoint(merged(result.policy), tok, path)
+        shutil.rmtree(state_dir, ignore_errors=True)  # the round's output now exists; its resume state is spent
+    dp.barrier()
+    return result, uri
+
+
+def round_log_line(round_index: int, steps: int, step: int, metrics: dict[str, float]) -> str:
+    shown = ("reward/total/mean", "reward/outcome/pass_rate", "rollout/tool_call_rate", "actor/entropy", "loss/kl", "rollout/logprob_mismatch_max", "perf/step_s")
+    return f"round {round_index} step {step}/{steps}: " + ", ".join(f"{k}={metrics[k]:.3f}" for k in shown if k in metrics)
 
 
 def train_round_partition(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                          tracker: MLflowTracker, training_tasks: pd.DataFrame, sft_checkpoint: dict, knowledge_base: pd.DataFrame):
+                          tracker: MLflowTracker, launcher: JobLauncher, training_tasks: pd.DataFrame, sft_checkpoint: dict,
+                          knowledge_base: pd.DataFrame):
     cfg = settings.config
-    torch.set_num_threads(cfg.threads)
     round_index = round_number(context.partition_key)
     init, init_version = starting_point(tracker, sft_checkpoint, cfg.rl.init_from)
-    policy, tok = load_checkpoint(storage, init, cfg.model.dtype, cfg.device)
-    policy = apply_lora(policy, cfg.model.lora)
     algorithm = resolve_algorithm(cfg.rl)
-    reference = None  # kl_coef = 0 (e.g. DAPO, GSPO): no KL term, so the reference model is never loaded
-    if algorithm.needs_reference:
-        reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype, cfg.rl.reference_device or cfg.device)
-        reference.requires_grad_(False).eval()
     tasks = records(training_tasks)
     history = previous_pool(context, storage, round_index)
     weights = pool_weights([t["task_id"] for t in tasks], history, cfg.rl.curriculum)
-
-    def log(step: int, metrics: dict[str, float]) -> None:
-        shown = ("reward/total/mean", "reward/outcome/pass_rate", "rollout/tool_call_rate", "actor/entropy", "loss/kl", "rollout/logprob_mismatch_max", "perf/step_s")
-        context.log.info(f"round {round_index} step {step}/{cfg.rl.steps_per_round}: " + ", ".join(f"{k}={metrics[k]:.3f}" for k in shown if k in metrics))
-
     params = {"rl": cfg.rl.model_dump(), "algorithm": asdict(algorithm), "engine": cfg.engine.model_dump(), "rollout": cfg.rollout.model_dump(),
-              "reward": cfg.reward.model_dump(), "init_version": init_version}
-    # Resumable state lives on local disk next to the artifact cache: a re-executed round continues from it.
-    state_dir = Path(storage.cache_dir) / "rl-state" / f"round-{round_index}"
-    with tracker.run(context, "rl_round", params) as run_id, sandbox.open() as box:
-        result = train_round(policy, reference, tok, tasks,
-                             build_tools(sandbox=box, kb=kb_from_rows(records(knowledge_base)), top_k=cfg.data.knowledge_base.top_k), rl=cfg.rl, rollout=cfg.rollout,
-                             cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index, policy_version=init_version,
-                             seed=cfg.seed * 1000 + round_index, on_step=log, task_weights=weights, engine_cfg=cfg.engine, state_dir=state_dir,
-                             device=cfg.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
+              "reward": cfg.reward.model_dump(), "init_version": init_version, "launcher": launcher.kind, "nproc_per_node": launcher.nproc_per_node}
+    with tracker.run(context, "rl_round", params) as run_id:
+        if launcher.external:  # the job reads the stored tasks itself and reports back through Pipes
+            extras = {"profile": settings.profile, "overrides_json": settings.overrides_json, "storage_root": storage.root, "cache_dir": storage.cache_dir,
+                      "init": init, "init_version": init_version, "sft_checkpoint": sft_checkpoint, "weights": weights, "round": round_index,
+                      "provenance": settings.provenance(context.run_id)}
+            result, uri = round_result(storage, launcher.launch(context, "rl_round", extras))
+        else:
+            result, uri = fit_round(cfg, storage, sandbox, init, init_version, sft_checkpoint, tasks, records(knowledge_base), weights, round_index,
+                                    lambda step, m: context.log.info(round_log_line(round_index, cfg.rl.steps_per_round, step, m)),
+                                    settings.provenance(context.run_id))
         if result.resumed_from_step:
             context.log.info(f"round {round_index} resumed from its step-{result.resumed_from_step} state checkpoint")
         tracker.log_history(run_id, result.history)
@@ -153,9 +181,6 @@ def train_round_partition(context: AssetExecutionContext, settings: FlywheelSett
         tracker.log_text(run_id, samples, "sample_trajectories.md")
     for warning in health.warnings:
         context.log.warning(f"round {round_index} collapse early-warning: {warning.message}")
-    with storage.writable_dir("checkpoints", "rl", f"round-{round_index}", provenance=settings.provenance(context.run_id)) as (path, uri):
-        save_checkpoint(merged(policy), tok, path)
-    shutil.rmtree(state_dir, ignore_errors=True)  # the round's output now exists; its resume state is spent
     rewards = pd.DataFrame(result.rewards)
     last = result.history[-1]
     yield Output(pd.DataFrame(result.rollouts), "rollout_batches", metadata={
@@ -185,6 +210,28 @@ def train_round_partition(context: AssetExecutionContext, settings: FlywheelSett
         "rollout_engine": cfg.rollout.engine, "max_logprob_mismatch": max(h.get("rollout/logprob_mismatch_max", 0.0) for h in result.history),
         "engine_vs_trainer": markdown_image(engine_png, "rollout engine vs trainer"),
     })
+
+
+def round_result(storage: ArtifactStore, invocation) -> tuple[RoundResult, str]:
+    """What an RL round job reported through Pipes: the checkpoint (its materialization) and the
+    round's result, which rank 0 stored beside it (rollouts are too big for a Pipes message)."""
+    [reported] = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "result_uri" in m]
+    return load_round_result(storage, reported["result_uri"]), reported["uri"]
+
+
+def store_round_result(storage: ArtifactStore, result: RoundResult, round_index: int, provenance: dict | None) -> str:
+    """The round's rollouts, rewards, history and verifier statistics as one JSON file (rank 0 of a job)."""
+    payload = {"rollouts": result.rollouts, "rewards": result.rewards, "history": result.history, "disagreements": result.disagreements,
+               "resumed_from_step": result.resumed_from_step, "tier_stats": {k: asdict(v) for k, v in result.tier_stats.items()}}
+    with storage.writable_dir("jobs", "rl_round", f"round-{round_index}", provenance=provenance) as (path, uri):
+        (path / "result.json").write_text(json.dumps(payload))
+    return uri
+
+
+def load_round_result(storage: ArtifactStore, uri: str) -> RoundResult:
+    payload = json.loads((storage.local_path(uri) / "result.json").read_text())
+    return RoundResult(rollouts=payload["rollouts"], rewards=payload["rewards"], history=payload["history"], disagreements=payload["disagreements"],
+                       resumed_from_step=payload["resumed_from_step"], tier_stats={k: TierStats(**v) for k, v in payload["tier_stats"].items()})
 
 
 def round_health(rl_checkpoint: dict, cfg: CollapseConfig) -> CollapseReport:

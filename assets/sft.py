@@ -17,6 +17,7 @@ from assets.tracking import MLflowTracker
 from configs.schema import FAMILY_LEVELS
 from environments.families import build_tools
 from environments.search import kb_from_rows
+from training.data_parallel import DataParallel
 from training.engines import resolve_device
 from training.lora import apply_lora, lora_summary, merged
 from training.model import build_model, load_policy, load_tokenizer, num_parameters, save_checkpoint
@@ -94,7 +95,8 @@ sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories
 
 def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.DataFrame, on_log, provenance: dict | None = None) -> dict:
     """SFT from the base checkpoint, saved as the `sft` checkpoint: the step's work, wherever it
-    runs (in the step, or launched through Dagster Pipes by assets/jobs.py)."""
+    runs (in the step, or launched through Dagster Pipes by assets/jobs.py, data-parallel under
+    torchrun, where rank 0 saves). Collective across ranks."""
     torch.set_num_threads(cfg.threads)
     model, tok = load_checkpoint(storage, base_model, cfg.model.dtype, cfg.device)
     model = apply_lora(model, cfg.model.lora)
@@ -104,9 +106,12 @@ def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.Data
     state_dir = Path(storage.cache_dir) / "sft-state"
     history = train_sft(model, examples, cfg.sft, pad_id=tok.eos_token_id, seed=cfg.seed, engine_cfg=cfg.engine, on_log=on_log, state_dir=state_dir,
                         device=cfg.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
-    with storage.writable_dir("checkpoints", "sft", provenance=provenance) as (path, uri):
-        save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
-    shutil.rmtree(state_dir, ignore_errors=True)  # the checkpoint now exists; its resume state is spent
+    dp, uri = DataParallel.current(), ""
+    if dp.leader:
+        with storage.writable_dir("checkpoints", "sft", provenance=provenance) as (path, uri):
+            save_checkpoint(merged(model), tok, path)  # LoRA adapters merged: serving and vLLM load a plain HF folder
+        shutil.rmtree(state_dir, ignore_errors=True)  # the checkpoint now exists; its resume state is spent
+    dp.barrier()
     return {"uri": uri, "history": history, "trainable_parameters": int(lora_summary(model)["trainable"])}
 
 
@@ -119,7 +124,7 @@ def sft_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, s
                    launcher: JobLauncher, sft_trajectories: pd.DataFrame, base_model: dict) -> Output[dict]:
     cfg = settings.config
     params = {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "teacher": cfg.teacher.model_dump(), "engine": cfg.engine.model_dump(),
-              "launcher": launcher.kind}
+              "launcher": launcher.kind, "nproc_per_node": launcher.nproc_per_node}
     with tracker.run(context, "sft_checkpoint", params) as run_id:
         if launcher.external:  # the job reads the stored trajectories itself and reports back through Pipes
             extras = {"profile": settings.profile, "overrides_json": settings.overrides_json, "storage_root": storage.root,

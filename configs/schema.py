@@ -420,15 +420,34 @@ class K8sConfig(_Strict):
 
 class OrchestrationConfig(_Strict):
     executor: Literal["in_process", "multiprocess", "k8s"] = "in_process"
-    sft_launcher: Literal["in_process", "subprocess", "k8s"] = Field(
-        "in_process", description="Where SFT training runs: in the step's own process; in a child process launched through Dagster Pipes; "
-        "or in its own GPU pod through Dagster Pipes (PipesK8sClient, the `cluster` profile), whose step pod then needs no GPU. "
-        "Through Pipes, progress, the loss history and the materialization are reported back to the step (assets/jobs.py).")
+    launcher: Literal["in_process", "subprocess", "k8s"] = Field(
+        "in_process", description="Where the heavy steps (SFT, the RL round, the benchmark) run: in the step's own process; as a job launched "
+        "through Dagster Pipes in a child process (torchrun when nproc_per_node > 1); or in its own GPU pod (PipesK8sClient, the `cluster` "
+        "profile), whose step pod then needs no GPU. Through Pipes, progress, the history and the materialization are reported back "
+        "to the step (assets/jobs.py); MLflow gets one run per step.")
+    nproc_per_node: int = Field(1, ge=1, description="Processes of a job the subprocess launcher starts (torchrun --nproc-per-node): "
+                                "data-parallel SFT and RL, the benchmark split over ranks. The k8s launcher starts one per GPU of its pod "
+                                "(k8s.gpus_per_step). Above 1 needs a launcher other than in_process.")
     k8s: K8sConfig = K8sConfig()
     retrain_cron: str = Field("0 3 * * *", description="When `retrain_schedule` starts the next round (cron; stopped until turned on in the UI).")
     timezone: str = Field("UTC", description="Time zone of retrain_cron.")
     max_runtime_s: int = Field(4 * 3600, ge=60, description="A run of any job taking longer is failed by Dagster's run monitoring "
                                "(tag dagster/max_runtime; acts where the daemon runs: `make dagster-ui`, the cluster).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sft_launcher" in data:
+            raise ValueError(f"orchestration.sft_launcher={data['sft_launcher']!r} was renamed orchestration.launcher (it now launches SFT, "
+                             "the RL round and the benchmark): write `launcher:` instead")
+        return data
+
+    @model_validator(mode="after")
+    def _processes_need_a_launcher(self) -> "OrchestrationConfig":
+        if self.nproc_per_node > 1 and self.launcher == "in_process":
+            raise ValueError(f"orchestration.nproc_per_node={self.nproc_per_node} needs orchestration.launcher subprocess or k8s "
+                             "(a step's own process is one process)")
+        return self
 
 
 class FlywheelConfig(_Strict):

@@ -17,6 +17,16 @@ LABEL org.opencontainers.image.title="agentic-flywheel-dagster" \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# bubblewrap: this image also runs the sandbox service (python -m verifiers.sandbox_service, the
+# Deployment pipelines/k8s_manifests.py renders), whose pool runs each untrusted call in bwrap.
+# Not pinned (DL3008): Debian keeps only the current bookworm build of a package in its archive, so
+# a pinned version stops resolving at the next security update; the base image's tag pins bookworm.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
+
 # The unprivileged user (uid/gid 10001, as in the trainer image). DAGSTER_HOME is where the
 # cluster's run launcher mounts the instance ConfigMap (pipelines/instance.py::DAGSTER_HOME_IN_POD);
 # it is created and owned by the user so a local instance works too.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from assets.launcher import LAUNCHED_OPS
 from assets.policies import GPU_POOL
 from configs import FlywheelConfig
 from configs.schema import K8sConfig
@@ -23,8 +24,8 @@ def gpu_ops(assets: list, cfg: FlywheelConfig | None = None) -> list[str]:
     """Op names of the assets in the `gpu` pool (a multi-asset is one op) that do their GPU work
     in their own step pod."""
     ops = {a.node_def.name for a in assets if GPU_POOL in (a.node_def.pools or ())}
-    if cfg is not None and cfg.orchestration.sft_launcher == "k8s":
-        ops.discard("sft_checkpoint")  # its Pipes job pod gets the GPU; the step only waits for it
+    if cfg is not None and cfg.orchestration.launcher == "k8s":
+        ops -= set(LAUNCHED_OPS)  # their Pipes job pods get the GPUs; the steps only wait for them
     return sorted(ops)
 
 

@@ -35,13 +35,14 @@ def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) 
 
 
 def launcher_for(cfg: FlywheelConfig) -> JobLauncher:
-    kind = cfg.orchestration.sft_launcher
+    kind = cfg.orchestration.launcher
     if kind != "k8s":
-        return JobLauncher(kind=kind)
+        return JobLauncher(kind=kind, nproc_per_node=cfg.orchestration.nproc_per_node)
     from pipelines.k8s import job_pod_spec
 
-    k8s = cfg.orchestration.k8s
-    return JobLauncher(kind=kind, namespace=k8s.namespace, image=k8s.gpu_image or k8s.image, pod_spec_json=json.dumps(job_pod_spec(k8s)))
+    k8s = cfg.orchestration.k8s  # one rank per GPU of the job's pod
+    return JobLauncher(kind=kind, nproc_per_node=k8s.gpus_per_step, namespace=k8s.namespace, image=k8s.gpu_image or k8s.image,
+                       pod_spec_json=json.dumps(job_pod_spec(k8s)))
 
 
 def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDefinition:

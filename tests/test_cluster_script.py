@@ -165,6 +165,8 @@ def test_every_repo_command_in_the_deployment_guide_exists():
                 assert words[-1] in infra_outputs, f"docs/deploy.md: no output {words[-1]!r}"
             for var in [w.split("=", 1)[0] for i, w in enumerate(words) if i and words[i - 1] == "-var"]:
                 assert var in load(target).variables, f"docs/deploy.md: {target.name} has no variable {var!r}"
+        elif words[0].startswith(".venv/") and words[1] == "-m":  # python -m package.module
+            assert (ROOT / (words[2].replace(".", "/") + ".py")).is_file(), f"docs/deploy.md: {line}"
         elif words[0].startswith((".venv/", "scripts/", "benchmarks/")):
             assert (ROOT / words[1 if words[0].startswith(".venv/") else 0]).is_file(), f"docs/deploy.md: {line}"
         elif words[0] in ("eval", "export"):

@@ -34,6 +34,7 @@ import torch
 from configs.schema import EngineConfig
 from training import distributed_check as dc
 from training.engines import (
+    DIST_ENV,
     STALE_BUILD_LOCK_S,
     accumulate_step,
     build_engine,
@@ -53,7 +54,6 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
 FP32_ATOL = 0.1 * dc.LR
 FP64_ATOL = 1e-10
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
 @pytest.fixture(scope="module", autouse=True)

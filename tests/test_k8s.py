@@ -15,8 +15,10 @@ from dagster_k8s.job import UserDefinedDagsterK8sConfig, construct_dagster_k8s_j
 from pipelines.definitions import build_definitions
 from tests.conftest import CLUSTER_ENV
 
-# sft_checkpoint's GPU work runs in the pod its Pipes launcher creates (orchestration.sft_launcher: k8s)
-GPU_STEPS = {"base_benchmark_scores", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
+# The steps in the `gpu` pool. With the profile's own `orchestration.launcher: k8s` their work runs in
+# the pods the Pipes launcher creates and their step pods need no GPU; the `cluster` fixture runs them
+# in their step pods instead (`launcher: in_process`), the other way a cluster can be used.
+GPU_STEPS = {"base_benchmark_scores", "rl_round", "sft_benchmark_scores", "benchmark_scores", "sft_checkpoint"}
 # What the Helm chart's K8sRunLauncher contributes to every step pod (not ours to test).
 RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagster_home", instance_config_map="dagster-instance",
                                postgres_password_secret="dagster-postgresql-secret", image_pull_policy="IfNotPresent",
@@ -26,14 +28,23 @@ RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagste
                                only_allow_user_defined_env_vars=None, fail_pod_on_run_failure=None, job_namespace="flywheel")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster_definitions(tmp_path_factory, overrides: dict):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYWHEEL_HOME", str(tmp_path_factory.mktemp("cluster")))
         for name, value in CLUSTER_ENV.items():
             mp.setenv(name, value)
-        defs = build_definitions("cluster", {})
-    return defs
+        return build_definitions("cluster", overrides)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    return cluster_definitions(tmp_path_factory, {"orchestration.launcher": "in_process"})
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The profile as shipped: the heavy steps launched as GPU pods through Pipes."""
+    return cluster_definitions(tmp_path_factory, {"orchestration.k8s.gpus_per_step": 4})
 
 
 def cluster_executor_config(defs) -> dict:
@@ -94,23 +105,36 @@ def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
 
 def test_gpu_count_and_node_group_come_from_the_profile(tmp_path, monkeypatch, cluster_env):
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
-    defs = build_definitions("cluster", {"orchestration.k8s.gpus_per_step": 4, "orchestration.k8s.gpu_node_selector": {"pool": "a100"}})
+    defs = build_definitions("cluster", {"orchestration.k8s.gpus_per_step": 4, "orchestration.k8s.gpu_node_selector": {"pool": "a100"},
+                                         "orchestration.launcher": "in_process"})
     spec = pod_spec(cluster_executor_config(defs), "rl_round").spec.template.spec
     assert spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" and spec.node_selector == {"pool": "a100"}
 
 
-def test_sft_is_launched_in_its_own_gpu_pod_through_pipes(cluster):
-    """The pod PipesK8sClient would create for the SFT job, built by dagster-k8s' own
-    `build_pod_body` from the launcher the profile configured."""
+@pytest.mark.scaleout
+def test_launched_steps_wait_on_cpu_nodes_while_their_jobs_get_the_gpus(launched):
+    config = cluster_executor_config(launched)
+    assert set(config["per_step_k8s_config"]) == set(), "every gpu-pool step is launched: no step pod asks for a GPU"
+    for op in sorted(GPU_STEPS):
+        spec = pod_spec(config, op).spec.template.spec
+        assert "nvidia.com/gpu" not in (spec.containers[0].resources.limits or {}) and not spec.node_selector, op
+
+
+@pytest.mark.scaleout
+@pytest.mark.parametrize("job", ["sft", "rl_round", "benchmark"])
+def test_each_heavy_step_is_launched_in_its_own_gpu_pod_through_pipes(launched, job):
+    """The pod PipesK8sClient would create for a job, built by dagster-k8s' own `build_pod_body`
+    from the launcher the profile configured: torchrun with one rank per GPU of the pod."""
     from dagster_k8s.pipes import build_pod_body
 
-    launcher = cluster.resources["launcher"]
-    assert launcher.kind == "k8s" and launcher.namespace == "flywheel"
-    pod = build_pod_body("flywheel-sft", "registry.example/flywheel:test", launcher.command("sft"), {"DAGSTER_PIPES_CONTEXT": "x"},
-                         {"labels": {"flywheel/job": "sft"}}, json.loads(launcher.pod_spec_json))
+    launcher = launched.resources["launcher"]
+    assert launcher.kind == "k8s" and launcher.namespace == "flywheel" and launcher.nproc_per_node == 4
+    pod = build_pod_body(f"flywheel-{job}", "registry.example/flywheel:test", launcher.command(job), {"DAGSTER_PIPES_CONTEXT": "x"},
+                         {"labels": {"flywheel/job": job}}, json.loads(launcher.pod_spec_json))
     spec, container = pod.spec, pod.spec.containers[0]
-    assert container.command == ["python", "-m", "assets.jobs", "sft"] and container.image == "registry.example/flywheel:test"
-    assert container.resources.limits["nvidia.com/gpu"] == "1" and container.resources.requests["nvidia.com/gpu"] == "1"
+    assert container.command == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "assets.jobs", job]
+    assert container.image == "registry.example/flywheel:test"
+    assert container.resources.limits["nvidia.com/gpu"] == "4" and container.resources.requests["nvidia.com/gpu"] == "4"
     assert spec.node_selector == {"flywheel/node-pool": "gpu"} and "nvidia.com/gpu" in {t.key for t in spec.tolerations}
     assert spec.service_account_name == "flywheel-runner" and spec.restart_policy == "Never"
     assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["flywheel-env"]
@@ -122,9 +146,9 @@ def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch, 
     steps keep the user-code image (docker/dagster.Dockerfile)."""
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
     trainer = "registry.example/flywheel-trainer:1.0"
-    defs = build_definitions("cluster", {"orchestration.k8s.gpu_image": trainer})
+    defs = build_definitions("cluster", {"orchestration.k8s.gpu_image": trainer, "orchestration.launcher": "in_process"})
     config = cluster_executor_config(defs)
     assert pod_spec(config, "rl_round").spec.template.spec.containers[0].image == trainer
     assert pod_spec(config, "benchmark_scores").spec.template.spec.containers[0].image == trainer
     assert pod_spec(config, "training_tasks").spec.template.spec.containers[0].image == cluster_env["FLYWHEEL_IMAGE"]
-    assert defs.resources["launcher"].image == trainer
+    assert build_definitions("cluster", {"orchestration.k8s.gpu_image": trainer}).resources["launcher"].image == trainer

@@ -244,7 +244,7 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
     from pipelines.run import run_flywheel
     from training.collapse import detect_collapse
 
-    overrides = {"rl.learning_rate": 0.05, "rl.steps_per_round": 10, "rl.kl_coef": 0.0, "sft.steps": 200}
+    overrides = {"rl.learning_rate": 0.05, "rl.steps_per_round": 16, "rl.kl_coef": 0.0, "sft.steps": 200}
     outcome = run_flywheel("micro", overrides)
     instance = DagsterInstance.get()
     check = instance.event_log_storage.get_asset_check_execution_history(_check_key("rl_checkpoint", "rl_round_health"), limit=1)[0]
@@ -287,7 +287,7 @@ def test_micro_flywheel_on_the_vllm_engine(home):
 
 @pytest.mark.slow
 def test_sft_launched_through_dagster_pipes_matches_the_in_process_step(tmp_path, monkeypatch):
-    """`orchestration.sft_launcher: subprocess` (the local form of the cluster's own-pod launch):
+    """`orchestration.launcher: subprocess` (the local form of the cluster's own-pod launch):
     the job runs in a child process, reports its progress lines, history and materialization
     back through Pipes, and trains exactly the checkpoint the in-process step trains."""
     import torch
@@ -300,7 +300,7 @@ def test_sft_launched_through_dagster_pipes_matches_the_in_process_step(tmp_path
     weights, logs = {}, {}
     for launcher in ("in_process", "subprocess"):
         monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / launcher))
-        defs = build_definitions("micro", {"orchestration.sft_launcher": launcher})
+        defs = build_definitions("micro", {"orchestration.launcher": launcher})
         selection = AssetSelection.assets("sft_checkpoint").upstream().resolve(defs.resolve_asset_graph())
         with DagsterInstance.ephemeral() as instance:
             result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance, asset_selection=list(selection))
@@ -318,4 +318,4 @@ def test_sft_launched_through_dagster_pipes_matches_the_in_process_step(tmp_path
 
 def test_an_unknown_pipes_job_is_refused_with_the_jobs_there_are():
     proc = subprocess.run([sys.executable, "-m", "assets.jobs", "rl"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "python -m assets.jobs {sft}" in proc.stderr
+    assert proc.returncode == 2 and "python -m assets.jobs {sft,rl_round,benchmark}" in proc.stderr

@@ -96,6 +96,24 @@ def test_sampling_parameters_are_honoured(kind, warm_policy, request):
         torch.testing.assert_close(torch.tensor(gen.logprobs), expected[torch.arange(len(ids)), ids], atol=MISMATCH_BOUND[kind], rtol=0)
 
 
+def _by_episode(episodes) -> dict[tuple[str, int], list[int]]:
+    return {(e.task["task_id"], e.sample_index): e.completion_ids for e in episodes}
+
+
+@pytest.mark.scaleout
+def test_vllm_episodes_are_keyed_too(warm_policy, micro_cfg, vllm_engine):
+    """vLLM takes each turn's keyed seed as the request's seed: the batch an episode ran in and
+    its position there do not change what it samples."""
+    tasks = [t for family in ("arithmetic", "code") for t in tasks_of(warm_policy, family, 2)]
+    common = dict(group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout.model_copy(update={"temperature": 1.3}),
+                  sampling_key="seed=0/round=1/step=1")
+    together = _by_episode(run_episodes(vllm_engine, warm_policy.tokenizer, tasks, **common))
+    apart = _by_episode(run_episodes(vllm_engine, warm_policy.tokenizer, tasks[2:], **common)
+                        + run_episodes(vllm_engine, warm_policy.tokenizer, tasks[:2], **common))
+    same = sum(together[k] == apart[k] for k in together)
+    assert same == len(together), f"{same}/{len(together)} episodes sampled the same ids"
+
+
 def test_hf_and_vllm_agree_on_greedy_rollouts(warm_policy, micro_cfg, vllm_engine):
     """Same weights, same prompts, argmax decoding: the two engines' episodes match (fp32 both;
     an exact tie could flip one token, so nearly all rather than all)."""

@@ -3,9 +3,9 @@
 Providers cannot be installed here, so nothing is planned: the modules are parsed with python-hcl2
 and their settings asserted, and the variables' validation conditions are evaluated by
 `terraform console` in an empty directory (built-in functions only, no providers, no network).
-The GPU node group's label and taint are compared with what the app schedules GPU steps with
-(configs.schema.K8sConfig), since a mismatch only shows up on a live cluster as pods that stay
-Pending."""
+The GPU and sandbox node groups' labels and taints are compared with what the app schedules GPU
+steps with (configs.schema.K8sConfig) and the sandbox service with (pipelines/k8s_manifests.py),
+since a mismatch only shows up on a live cluster as pods that stay Pending."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import subprocess
 
 import pytest
 
+from configs import load_profile
 from configs.schema import K8sConfig
+from tests.conftest import CLUSTER_ENV
 from tests.terraform_support import TERRAFORM_DIR, Module, Validations, module, needs_terraform, one, ref, references, terraform_env
 
 MODULES = ("network", "eks")
@@ -88,6 +90,8 @@ def test_gpu_group_has_room_for_the_apps_gpu_pool(eks):
     assert eks.default("gpu_max_nodes") * (gpus_per_node // app.gpus_per_step) >= app.gpu_pool_limit
 
 
+# vCPU and memory (GiB) of the sandbox instance types the eks module may default to.
+SANDBOX_INSTANCES = {"c6i.2xlarge": (8, 16), "c7i.2xlarge": (8, 16), "m6i.2xlarge": (8, 32)}
 # vCPU and memory (GiB) of the GPU instance types the eks module may default to.
 GPU_INSTANCES = {"g5.2xlarge": (8, 32), "g5.4xlarge": (16, 64), "g5.8xlarge": (32, 128), "g6.2xlarge": (8, 32)}
 KUBE_RESERVED_GIB = 3  # kubelet, system daemons and eviction threshold on an EKS node of this size
@@ -149,6 +153,68 @@ def test_autoscaler_can_discover_both_groups_and_scale_gpu_from_zero(eks):
     assert references(asg_tag["autoscaling_group_name"], "aws_eks_node_group.cpu.resources")
 
 
+def test_sandbox_node_group_is_what_the_sandbox_service_schedules_on(eks):
+    """The service (pipelines/k8s_manifests.py) selects the group's label and tolerates its taint;
+    no other pod tolerates the taint, and the group never scales to zero (every tool call needs it)."""
+    from pipelines.k8s_manifests import SANDBOX_NODE_SELECTOR, SANDBOX_TOLERATIONS
+
+    sandbox = eks.resource("aws_eks_node_group", "sandbox")
+    assert sandbox["labels"] == {"flywheel/node-pool": "sandbox"} == SANDBOX_NODE_SELECTOR
+    assert sandbox["taint"] == [{"key": "flywheel/sandbox", "value": "present", "effect": "NO_SCHEDULE"}]
+    for taint in sandbox["taint"]:
+        assert any(tolerates(t, taint) for t in SANDBOX_TOLERATIONS), (taint, SANDBOX_TOLERATIONS)
+        assert not any(tolerates(t, taint) for t in K8sConfig().gpu_tolerations), "GPU steps must not land on sandbox nodes"
+    scaling = one(sandbox, "scaling_config")
+    assert (scaling["min_size"], scaling["desired_size"], scaling["max_size"]) == (1, 1, ref("var.sandbox_max_nodes"))
+    assert sandbox["capacity_type"] == "ON_DEMAND" and sandbox["instance_types"] == ref("var.sandbox_instance_types")
+    assert eks.default("sandbox_instance_types") == ["c6i.2xlarge"]
+    assert ref("scaling_config[0].desired_size") in one(sandbox, "lifecycle").get("ignore_changes", [])
+
+    # The autoscaler discovers the group and, at any size, knows its label and taint.
+    prefix = "k8s.io/cluster-autoscaler/node-template/"
+    (taint,) = sandbox["taint"]
+    assert eks.locals["sandbox_node_template_tags"] == {f"{prefix}label/flywheel/node-pool": "sandbox",
+                                                        f"{prefix}taint/{taint['key']}": f"{taint['value']}:{K8S_EFFECT[taint['effect']]}"}
+    assert references(sandbox["tags"], "local.autoscaler_discovery_tags") and references(sandbox["tags"], "local.sandbox_node_template_tags")
+    assert not references(sandbox["tags"], "local.gpu_node_template_tags")
+    assert re.search(r'local\.sandbox_node_template_tags\) : "sandbox\|', eks.locals["asg_tags"]), eks.locals["asg_tags"]
+    assert references(eks.resource("aws_autoscaling_group_tag", "node_groups")["autoscaling_group_name"], "aws_eks_node_group.sandbox.resources")
+    assert eks.outputs["sandbox_node_group_name"]["value"] == ref("aws_eks_node_group.sandbox.node_group_name")
+
+
+def test_a_node_of_the_default_sandbox_instance_holds_two_service_replicas(eks):
+    """Two replicas a node: the PodDisruptionBudget's one-down-at-a-time then drains a node without
+    taking the service below its minimum, and the HPA's maximum fits the group's maximum."""
+    from pipelines.k8s_manifests import sandbox_service
+
+    [instance] = eks.default("sandbox_instance_types")
+    vcpu, memory = SANDBOX_INSTANCES[instance]
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CLUSTER_ENV.items():
+            patch.setenv(name, value)
+        manifests = sandbox_service(load_profile("cluster"))
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    hpa = next(m for m in manifests if m["kind"] == "HorizontalPodAutoscaler")
+    requests = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert 2 * float(requests["cpu"]) <= vcpu - 1, "two replicas and the node's daemons"
+    assert 2 * gib(requests["memory"]) <= memory - KUBE_RESERVED_GIB
+    assert hpa["spec"]["maxReplicas"] <= 2 * eks.default("sandbox_max_nodes")
+
+
+def test_network_policies_are_enforced_and_the_hpa_has_metrics(eks):
+    """NetworkPolicies are inert unless the VPC CNI's policy agent is on; an HPA on CPU needs
+    metrics-server. The sandbox service relies on both."""
+    vpc_cni = eks.resource("aws_eks_addon", "vpc_cni")
+    assert vpc_cni["addon_name"] == "vpc-cni"
+    assert vpc_cni["configuration_values"] == '${jsonencode({enableNetworkPolicy = "true"})}'
+    assert vpc_cni["resolve_conflicts_on_create"] == "OVERWRITE"  # adopts the self-managed copy EKS installs
+    metrics = eks.resource("aws_eks_addon", "metrics_server")
+    assert metrics["addon_name"] == "metrics-server"
+    assert ref("aws_eks_node_group.cpu") in metrics["depends_on"]
+    for addon in (vpc_cni, metrics):
+        assert addon["cluster_name"] == ref("aws_eks_cluster.this.name")
+
+
 def test_cpu_node_group_sizes(eks):
     scaling = one(eks.resource("aws_eks_node_group", "cpu"), "scaling_config")
     assert (scaling["min_size"], scaling["desired_size"], scaling["max_size"]) == (1, 2, ref("var.cpu_max_nodes"))
@@ -165,32 +231,54 @@ def test_node_groups_run_amazon_linux_2023_with_the_nvidia_ami_on_gpu_nodes(eks)
     Kubernetes versions kubernetes_version allows."""
     assert eks.resource("aws_eks_node_group", "gpu")["ami_type"] == "AL2023_x86_64_NVIDIA"
     assert eks.resource("aws_eks_node_group", "cpu")["ami_type"] == "AL2023_x86_64_STANDARD"
+    assert eks.resource("aws_eks_node_group", "sandbox")["ami_type"] == "AL2023_x86_64_STANDARD"
 
 
-@pytest.mark.parametrize("pool", ["cpu", "gpu"])
-def test_launch_templates_leave_the_ami_and_its_nodeadm_bootstrap_to_eks(eks, pool):
+POOLS = ("cpu", "gpu", "sandbox")
+
+
+def test_one_launch_template_per_node_group(eks):
+    # One aws_launch_template.node with for_each, an instance per node group.
+    assert eks.resources("aws_launch_template").keys() == {"node"}
+    template = eks.resource("aws_launch_template", "node")
+    assert template["for_each"] == ref("local.launch_templates")
+    assert eks.locals["launch_templates"].keys() == set(POOLS)
+    assert template["name_prefix"] == "${var.cluster_name}-${each.key}-"
+    assert one(template, "lifecycle")["create_before_destroy"] is True
+    assert template["tags"] == ref("var.tags")
+
+
+def test_launch_templates_moved_from_their_old_addresses(eks):
+    # They were aws_launch_template.cpu/.gpu/.sandbox: without these moved blocks an existing
+    # cluster would destroy and recreate them (and with them roll every node).
+    moved = {block["from"]: block["to"] for block in eks.blocks.get("moved", [])}
+    for pool in POOLS:
+        assert moved.get(ref(f"aws_launch_template.{pool}")) == ref(f'aws_launch_template.node["{pool}"]'), moved
+
+
+def test_launch_templates_leave_the_ami_and_its_nodeadm_bootstrap_to_eks(eks):
     # An image_id would make the node group a custom-AMI group: EKS would then neither pick the
     # AL2023 AMI of ami_type nor write the nodeadm NodeConfig that joins the node to the cluster.
-    template = eks.resource("aws_launch_template", pool)
+    template = eks.resource("aws_launch_template", "node")
     assert "image_id" not in template
     # AL2023 has no bootstrap.sh; extra user data must be nodeadm's MIME NodeConfig.
     user_data = template.get("user_data")
     assert user_data is None or "application/node.eks.aws" in user_data, user_data
 
 
-@pytest.mark.parametrize("pool", ["cpu", "gpu"])
-def test_launched_instances_carry_the_provider_default_tags(eks, pool):
+def test_launched_instances_carry_the_provider_default_tags(eks):
     # default_tags reach only resources Terraform creates; the node groups' instances are tagged by
     # the launch template, so GPU hours show up under the project's cost tags.
     assert "current" in eks.data("aws_default_tags")
     assert references(eks.locals["node_tags"], "data.aws_default_tags.current.tags")
-    for spec in eks.resource("aws_launch_template", pool)["tag_specifications"]:
+    specs = eks.resource("aws_launch_template", "node")["tag_specifications"]
+    assert {spec["resource_type"] for spec in specs} == {"instance", "volume"}
+    for spec in specs:
         assert references(spec["tags"], "local.node_tags"), spec
 
 
-@pytest.mark.parametrize("pool", ["cpu", "gpu"])
-def test_launch_templates_require_imdsv2_and_encrypt_root_volumes(eks, pool):
-    template = eks.resource("aws_launch_template", pool)
+def test_launch_templates_require_imdsv2_and_encrypt_root_volumes(eks):
+    template = eks.resource("aws_launch_template", "node")
     metadata = one(template, "metadata_options")
     assert metadata["http_tokens"] == "required", "IMDSv1 must be off"
     assert metadata["http_endpoint"] == "enabled"
@@ -200,12 +288,19 @@ def test_launch_templates_require_imdsv2_and_encrypt_root_volumes(eks, pool):
     ebs = one(one(template, "block_device_mappings"), "ebs")
     assert ebs["encrypted"] is True
     assert ebs["volume_type"] == "gp3"
-    assert ebs["volume_size"] == ref(f"var.{pool}_disk_size_gib")
+    assert ebs["volume_size"] == ref("each.value.disk_size_gib")
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_each_node_group_uses_its_launch_template_and_disk_size(eks, pool):
+    # the sandbox nodes pull the same user-code image as the cpu nodes
+    disk_size = eks.locals["launch_templates"][pool]["disk_size_gib"]
+    assert disk_size == ref(f"var.{'cpu' if pool == 'sandbox' else pool}_disk_size_gib")
 
     # A template no node group uses protects nothing.
     launch_template = one(eks.resource("aws_eks_node_group", pool), "launch_template")
-    assert launch_template["id"] == ref(f"aws_launch_template.{pool}.id")
-    assert launch_template["version"] == ref(f"aws_launch_template.{pool}.latest_version")
+    assert launch_template["id"] == ref(f'aws_launch_template.node["{pool}"].id')
+    assert launch_template["version"] == ref(f'aws_launch_template.node["{pool}"].latest_version')
 
 
 def test_gpu_root_volume_is_200_gib(eks):
@@ -282,7 +377,7 @@ def test_api_access_is_through_access_entries_for_the_listed_admins_only(eks):
 
 def test_eks_outputs(eks):
     required = {"cluster_name", "cluster_endpoint", "cluster_certificate_authority_data", "oidc_provider_arn", "oidc_provider_url",
-                "node_security_group_id", "cluster_security_group_id", "gpu_node_group_name"}
+                "node_security_group_id", "cluster_security_group_id", "gpu_node_group_name", "sandbox_node_group_name"}
     assert required <= eks.outputs.keys(), required - eks.outputs.keys()
     assert eks.outputs["gpu_node_group_name"]["value"] == ref("aws_eks_node_group.gpu.node_group_name")
 
@@ -425,6 +520,10 @@ VALIDATION_CASES = [
     ("eks", "gpu_capacity_type", "spot", False),
     ("eks", "gpu_accelerator", "nvidia-l40s", True),
     ("eks", "gpu_accelerator", "NVIDIA A10G", False),
+    ("eks", "sandbox_max_nodes", 1, True),
+    ("eks", "sandbox_max_nodes", 0, False),
+    ("eks", "sandbox_max_nodes", 2.5, False),
+    ("eks", "sandbox_instance_types", [], False),
 ]
 
 # aws_eks_cluster's precondition: a public endpoint needs an allow-list, since AWS falls back to 0.0.0.0/0.

@@ -138,12 +138,14 @@ def test_the_fast_path_and_the_string_path_give_the_same_episodes(warm_policy, m
     for fast in (True, False):
         loop = _Loop(warm_policy.tokenizer, warm_policy.tools, micro_cfg.rollout, Sampling.of(micro_cfg.rollout), fast_stops=fast)
         from training.rollout import Episode
+        from training.sampling_keys import episode_seed
 
-        eps = [Episode(task=t, group_id=t["task_id"], sample_index=k, prompt_ids=prompt_ids(warm_policy.tokenizer, t, None)) for t in tasks for k in range(2)]
+        eps = [Episode(task=t, group_id=t["task_id"], sample_index=k, prompt_ids=prompt_ids(warm_policy.tokenizer, t, None),
+                       seed=episode_seed("seed=5", t["task_id"], k)) for t in tasks for k in range(2)]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(2) as pool:
-            loop.turn_by_turn(HFEngine(warm_policy.model, warm_policy.tokenizer), eps, pool, torch.Generator().manual_seed(5))
+            loop.turn_by_turn(HFEngine(warm_policy.model, warm_policy.tokenizer), eps, pool)
         episodes[fast] = [(e.completion_ids, e.tool_mask, e.stop_reason) for e in eps]
     assert episodes[True] == episodes[False]
     assert any(len(m) > sum(m) for _, m, _ in episodes[True])  # tool calls happened

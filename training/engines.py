@@ -138,6 +138,9 @@ def clear_stale_extension_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[P
     return removed
 
 
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")  # a process group's address and place
+
+
 def ensure_process_env() -> None:
     """torchrun sets RANK/WORLD_SIZE/MASTER_*; a plain `python` process becomes a world of one
     on a free local port, so DeepSpeed (which always wants a process group) starts anyway."""
@@ -218,6 +221,11 @@ class TrainEngine(ABC):
     @abstractmethod
     def global_step(self) -> int:
         """Optimizer steps taken (restored by load_state)."""
+
+    def finish(self) -> torch.nn.Module:
+        """After training: the bare model holding whole weights on every rank, to save or sample
+        from. Collective. Only ZeRO-3 has anything to do (it partitioned the weights)."""
+        return self.model
 
     def all_reduce_sum(self, t: Tensor) -> Tensor:
         """Sum of `t` over ranks, as a new tensor on t's device; identity for a world of one."""
@@ -399,6 +407,17 @@ class DeepSpeedTrainEngine(TrainEngine):
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint '{DEEPSPEED_TAG}' under {path}")
 
+    def finish(self) -> torch.nn.Module:
+        if self.zero_stage < 3:
+            return self.model
+        # Gather the shards, release DeepSpeed's hooks on the model, then give every parameter its
+        # whole tensor back: the model is a plain module again (save_pretrained, generate).
+        state = self.model_state_dict()
+        self.ds.destroy()
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            tensor.data = state[name]
+        return self.model
+
     def model_state_dict(self) -> dict[str, Tensor]:
         if self.zero_stage < 3:
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -497,7 +516,7 @@ def _per_rank(engine: TrainEngine, values: list[int]) -> list[list[int]]:
 
 def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: CountFn, *,
                     micro_batch_size: int | None, max_tokens: int | None = None,
-                    shape: Callable[[Any], tuple[int, int]] | None = None) -> dict[str, float]:
+                    shape: Callable[[Any], tuple[int, int]] | None = None, summed: Sequence[str] = ()) -> dict[str, float]:
     """ONE optimizer step over `rows`, this rank's share of a minibatch.
 
     1. global counts: sum of count_fn over this rank's micro-batches, summed over ranks;
@@ -505,7 +524,8 @@ def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: 
     3. engine.step().
     Returns loss_fn's metrics averaged over the whole minibatch (all ranks), each micro-batch
     weighted by its rows; "loss" = the sum of the micro-batch losses over all ranks, which is
-    exactly the minibatch loss whatever the split; plus the engine's grad_norm and lr. Every
+    exactly the minibatch loss whatever the split, and so are the metrics named in `summed` (parts
+    of the loss, normalized by the global counts like it); plus the engine's grad_norm and lr. Every
     rank's loss_fn must report the same metric names (they are summed in one collective).
     """
     chunks = micro_batches(rows, micro_batch_size, max_tokens=max_tokens, shape=shape)
@@ -532,21 +552,14 @@ def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: 
         engine.backward(loss)
         total_loss += float(loss.detach())
         for name, value in metrics.items():
-            weighted[name] = weighted.get(name, 0.0) + float(value) * len(chunks[i])
+            weighted[name] = weighted.get(name, 0.0) + float(value) * (1 if name in summed else len(chunks[i]))
 
     # 3. update, and metrics over the whole minibatch
     out = engine.step()
     names = sorted(weighted)
     sums = engine.all_reduce_sum(torch.tensor([weighted[n] for n in names] + [total_loss], dtype=torch.float64))
     num_rows = sum(rows_per_rank)
-    result = {name: float(sums[j]) / num_rows for j, name in enumerate(names)}
+    result = {name: float(sums[j]) / (1 if name in summed else num_rows) for j, name in enumerate(names)}
     return {**result, "loss": float(sums[-1]), **out}
 
 
-def check_single_process(cfg: EngineConfig) -> None:
-    """The SFT and RL loops sample from and save the plain model, whose parameters must be whole:
-    ZeRO-3 partitions them across processes, so it runs only under a multi-process launcher
-    (torchrun / deepspeed, see training/distributed_check.py), not inside one Dagster step."""
-    if cfg.kind == "deepspeed" and cfg.zero_stage == 3 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        raise ValueError("engine.zero_stage=3 partitions the weights, which the in-process SFT/RL loops sample from and save; "
-                         "use zero_stage 0-2 in one process, or launch with torchrun/deepspeed on several")

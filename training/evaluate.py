@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-import torch
-
 from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
 from environments.tools import Tool
@@ -27,13 +25,13 @@ def evaluate_policy(
     samples_per_task: int, temperature: float, greedy: bool, seed: int, batch_size: int,
 ) -> list[dict]:
     """One row per task: mean outcome over its samples, tool calls and turns."""
-    generator = torch.Generator().manual_seed(seed)
     k = 1 if greedy else samples_per_task
     rows = []
     per_batch = max(1, batch_size // k)
     for start in range(0, len(tasks), per_batch):
         chunk = tasks[start : start + per_batch]
-        episodes = run_episodes(engine, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, generator=generator, greedy=greedy, temperature=temperature)
+        episodes = run_episodes(engine, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, greedy=greedy, temperature=temperature,
+                                sampling_key=f"benchmark/seed={seed}")
         records = [episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes]
         scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
         failpoint("benchmark")

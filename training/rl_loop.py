@@ -10,12 +10,14 @@ last state checkpoint and ends bitwise where an uninterrupted round ends (tests/
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +27,8 @@ from environments.tools import Tool
 from training.algorithms import Algorithm, resolve_algorithm
 from training.critic import critic_from_policy, token_values
 from training.curriculum import sample_prompts
-from training.engines import TrainEngine, accumulate_step, build_engine, check_single_process, micro_batches, model_device, resolve_device, shard
+from training.data_parallel import DataParallel
+from training.engines import TrainEngine, accumulate_step, build_engine, micro_batches, model_device, resolve_device, shard
 from training.rl_math import (
     agg_loss, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, logprob_mismatch, masked_mean, tis_weights,
     value_loss,
@@ -46,6 +49,7 @@ class RoundResult:
     tier_stats: dict[str, TierStats] = field(default_factory=dict)  # the whole round's verification
     disagreements: int = 0
     resumed_from_step: int = 0  # 0: started fresh
+    policy: Any = field(default=None, repr=False, compare=False)  # the trained model with whole weights (set on return, never saved in state)
 
 
 @dataclass
@@ -207,10 +211,12 @@ def _kl_per_token(behaviour: list[float], ref: list[float], algo: Algorithm) -> 
 
 
 def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int, max_tokens: int | None = None,
-                chunk_tokens: int | None = None) -> tuple[list[list[float]], dict[str, float]]:
+                chunk_tokens: int | None = None, dp: DataParallel = DataParallel()) -> tuple[list[list[float]], dict[str, float]]:
     """The trainer's log-probs of the recorded tokens, and how far the rollout engine's behaviour
-    log-probs are from them on policy tokens (`rollout/logprob_mismatch_*`, every step)."""
-    old = recorded_logprobs(policy, records, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens, chunk_tokens=chunk_tokens)
+    log-probs are from them on policy tokens (`rollout/logprob_mismatch_*`, every step). Under
+    data parallelism each rank computes its share and every rank gets all of them."""
+    old = dp.map_sharded(records, lambda rows: recorded_logprobs(policy, rows, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens,
+                                                                  chunk_tokens=chunk_tokens))
     width = max(len(r["completion_ids"]) for r in records)
     gap = logprob_mismatch(_padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width))
     return old, {"rollout/logprob_mismatch_max": gap["max"], "rollout/logprob_mismatch_mean": gap["mean"]}
@@ -227,19 +233,21 @@ def reuses_update_logprobs(algo: Algorithm, rl: RLConfig) -> bool:
 
 
 def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, policy, reference, critic, temperature: float,
-                    pad_id: int, max_tokens: int | None = None, chunk_tokens: int | None = None) -> tuple[list[Sample], dict[str, float]]:
+                    pad_id: int, max_tokens: int | None = None, chunk_tokens: int | None = None,
+                    dp: DataParallel = DataParallel()) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
     advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
     that carry a gradient signal. A group with an unscorable member never trains (docs/verifiers.md).
     `max_tokens`: padded tokens per forward pass (engine.micro_batch_tokens); `chunk_tokens`: LM-head
     tokens at once in a log-prob pass (engine.logit_chunk_tokens). The reference and the critic run
-    wherever they are (rl.reference_device, rl.critic_device)."""
+    wherever they are (rl.reference_device, rl.critic_device). `dp`: under data parallelism every
+    rank holds the same global batch; each computes its share of the per-token passes."""
     passes = dict(temperature=temperature, pad_id=pad_id, max_tokens=max_tokens, chunk_tokens=chunk_tokens)
     if reuses_update_logprobs(algo, rl):
         old, metrics = None, {}
     else:
-        old, metrics = trainer_gap(policy, records, **passes)
+        old, metrics = trainer_gap(policy, records, **passes, dp=dp)
     # The whole group leaves: the unscorable member's reward is shaping only, and in the group's
     # baseline it would act as an outcome of 0 and move its siblings' advantages.
     unscorable = {r["group_id"] for r, s in zip(records, scores) if s["outcome"] is None}
@@ -259,14 +267,14 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
             return [], metrics
     width = max(len(r["completion_ids"]) for r in records)
     policy_mask = _padded([r["tool_mask"] for r in records], width)
-    ref = recorded_logprobs(reference, records, **passes) if algo.needs_reference else None
+    ref = dp.map_sharded(records, lambda rows: recorded_logprobs(reference, rows, **passes)) if algo.needs_reference else None
     kl = [_kl_per_token(old_i, ref_i, algo) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
     if kl:
         metrics["actor/kl_ref"] = _policy_token_mean(kl, records)
     in_reward = algo.kl_coef if (kl and algo.kl_placement == "reward") else 0.0
     rewards = [s["reward"] for s in scores]
     if algo.critic:
-        values = recorded_values(critic, records, pad_id=pad_id, max_tokens=max_tokens)
+        values = dp.map_sharded(records, lambda rows: recorded_values(critic, rows, pad_id=pad_id, max_tokens=max_tokens))
         per_token = [token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
                      for i, (r, reward) in enumerate(zip(records, rewards))]
         mask = policy_mask
@@ -294,7 +302,7 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         samples.append(Sample(record, advantages[i], old[i] if old is not None else None, ref[i] if ref else None, values[i] if values else None,
                               returns_list[i] if returns_list else None))
     if old is None and not samples:  # no update will measure them: the engine gap and KL as without reuse
-        old, gap = trainer_gap(policy, records, **passes)
+        old, gap = trainer_gap(policy, records, **passes, dp=dp)
         metrics |= gap
         if ref:
             metrics["actor/kl_ref"] = _policy_token_mean([_kl_per_token(o, r, algo) for o, r in zip(old, ref)], records)
@@ -343,7 +351,8 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
             kl = agg_loss(kl_penalty(logprobs, ref, algo.kl_estimator, k3_clamp=algo.k3_clamp), mask, algo.loss_agg_mode, **norm)
             loss = loss + algo.kl_coef * kl
             out["loss/kl"] = kl.item()
-        out["actor/entropy"] = float(masked_mean(entropy, mask))
+        # summed over micro-batches and ranks (SUMMED_METRICS): the minibatch's exact token mean, whatever the split
+        out["actor/entropy"] = float((entropy.detach() * mask).sum() / counts[0].clamp(min=1))
         return loss, out
 
     return loss_fn
@@ -362,13 +371,24 @@ def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: 
         stats["kl_sum"] = stats.get("kl_sum", 0.0) + float(kl.sum())
 
 
-def on_policy_metrics(stats: dict[str, float]) -> dict[str, float]:
-    """The mismatch and KL metrics from the sums `_measure_on_policy` collected ({} if none)."""
+def on_policy_metrics(stats: dict[str, float], dp: DataParallel = DataParallel()) -> dict[str, float]:
+    """The mismatch and KL metrics from the sums `_measure_on_policy` collected ({} if none), over
+    every rank's micro-batches."""
+    stats = combine_stats(dp.gather_objects(stats))
     if not stats.get("tokens"):
         return {}
     out = {"rollout/logprob_mismatch_max": stats["gap_max"], "rollout/logprob_mismatch_mean": stats["gap_sum"] / stats["tokens"]}
     if "kl_sum" in stats:
         out["actor/kl_ref"] = stats["kl_sum"] / stats["tokens"]
+    return out
+
+
+def combine_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Ranks' `_measure_on_policy` sums added up (the maximum of the maxima)."""
+    out: dict[str, float] = {}
+    for stats in per_rank:
+        for key, value in stats.items():
+            out[key] = max(out.get(key, 0.0), value) if key == "gap_max" else out.get(key, 0.0) + value
     return out
 
 
@@ -382,6 +402,12 @@ def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
         return loss, {"critic/value_loss": loss.item(), "critic/value_clip_frac": metrics["value_clip_frac"]}
 
     return loss_fn
+
+
+# Metrics the loss functions normalize by the global counts (the loss terms, the entropy's token
+# mean), so their sum over micro-batches and ranks is the minibatch's value whatever the split
+# (accumulate_step `summed`); the others are averaged over rows.
+SUMMED_METRICS = ("loss/policy", "loss/kl", "critic/value_loss", "actor/entropy")
 
 
 def _sample_shape(sample: Sample) -> tuple[int, int]:
@@ -399,7 +425,8 @@ def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches:
     sums: dict[str, float] = {}
     for chunk in chunks:
         mine = shard([samples[i] for i in chunk], engine.rank, engine.world_size)
-        metrics = accumulate_step(engine, mine, loss_fn, _counts, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=_sample_shape)
+        metrics = accumulate_step(engine, mine, loss_fn, _counts, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=_sample_shape,
+                                  summed=SUMMED_METRICS)
         for key, value in metrics.items():
             name = key if "/" in key else f"{prefix}/{key}"  # the engine's grad_norm / lr
             sums[name] = sums.get(name, 0.0) + value / len(chunks)
@@ -437,14 +464,28 @@ def train_round(
     checkpoints go every `rl.checkpoint_every` steps (None: no checkpoints). `device`: the config's
     `device`, where the policy trains (None: where it is); the reference and the critic go to
     rl.reference_device / rl.critic_device, by default the policy's. `gradient_checkpointing`:
-    `model.gradient_checkpointing`, for the policy and the critic."""
+    `model.gradient_checkpointing`, for the policy and the critic.
+
+    Under torchrun (several ranks) the round is data-parallel (training/data_parallel.py): each
+    rank rolls out whole groups of the step's prompts, every rank sees the global batch, and the
+    update is sharded over ranks by the training engine. `result.policy` is the trained model with
+    whole weights (under ZeRO-3, the sampler's copy: see below)."""
     algo = resolve_algorithm(rl)
     if algo.needs_reference and reference is None:
         raise ValueError(f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given")
-    check_single_process(engine_cfg)
+    zero3 = engine_cfg.kind == "deepspeed" and engine_cfg.zero_stage == 3
+    if zero3 and algo.critic:
+        raise ValueError(f"rl.algorithm={rl.algorithm!r} trains a critic, whose value pass needs whole weights: use engine.zero_stage 0-2 "
+                         "(ZeRO-3 partitions them)")
     pad_id = tokenizer.eos_token_id
+    # ZeRO-3 partitions the trainer's weights across ranks, so rollouts and the log-prob passes run
+    # on a whole copy, given the new weights after every update (as a vLLM engine is).
+    sampler = copy.deepcopy(policy) if zero3 else None
     engines = build_engines(policy, reference, algo, rl, engine_cfg, device=device, gradient_checkpointing=gradient_checkpointing)
-    model = engines["policy"].model  # the plain model samples rollouts; the engine's module computes gradients
+    if sampler is not None:
+        sampler.to(engines["policy"].device).requires_grad_(False).eval()
+    model = sampler if sampler is not None else engines["policy"].model  # samples rollouts; the engine's module computes gradients
+    dp = DataParallel.current()
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     by_id = {t["task_id"]: t for t in tasks}
     state_key = fingerprint(rl=rl.model_dump(), rollout=rollout.model_dump(), round=round_index, seed=seed, version=policy_version,
@@ -462,11 +503,16 @@ def train_round(
         result.resumed_from_step = loop["step"]
 
     def sample(n_prompts: int, step: int, tag: str) -> tuple[list[dict], list[dict]]:
+        """The step's prompts are drawn alike on every rank; each rolls out and scores its share of
+        whole groups; every rank gets the global batch back, in prompt order."""
         prompts = sample_prompts(tasks, task_weights or {}, n_prompts, rng)
-        episodes = run_episodes(rollout_engine, tokenizer, prompts, group_size=rl.group_size, tools=tools, cfg=rollout, generator=generator,
-                                group_prefix=f"r{round_index}-s{tag}-")
+        mine = dp.mine(prompts)
+        episodes = run_episodes(rollout_engine, tokenizer, mine, group_size=rl.group_size, tools=tools, cfg=rollout,
+                                group_prefix=f"r{round_index}-s{tag}-", sampling_key=f"seed={seed}/round={round_index}/step={tag}") if mine else []
         records = [episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer) for e in episodes]
-        return records, score_records(records, by_id, tokenizer, cascade)
+        scores = score_records(records, by_id, tokenizer, cascade) if records else []
+        groups = dp.gather([(records[i : i + rl.group_size], scores[i : i + rl.group_size]) for i in range(0, len(records), rl.group_size)])
+        return [r for rs, _ in groups for r in rs], [s for _, ss in groups for s in ss]
 
     # The rollout engine serves the policy's current weights: HF shares its tensors, vLLM gets
     # them pushed after every update (sync_weights), without a restart.
@@ -481,7 +527,7 @@ def train_round(
                 passes += 1
                 more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
                 records, scores = records + more_records, scores + more_scores
-            step_stats, disagreements = cascade.take_stats()
+            step_stats, disagreements = _global_stats(dp, cascade.take_stats())
             merge_stats(result.tier_stats, step_stats)
             result.disagreements += disagreements
             generate_s = time.perf_counter() - start
@@ -490,10 +536,10 @@ def train_round(
             critic = engines["critic"].model if algo.critic else None
             samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
                                                     temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens,
-                                                    chunk_tokens=engine_cfg.logit_chunk_tokens) if train_records else ([], {})
+                                                    chunk_tokens=engine_cfg.logit_chunk_tokens, dp=dp) if train_records else ([], {})
             if not train_records:  # nothing to train on; the engine gap is still measured
                 prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens,
-                                           chunk_tokens=engine_cfg.logit_chunk_tokens)[1]
+                                           chunk_tokens=engine_cfg.logit_chunk_tokens, dp=dp)[1]
             # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
             advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
             for score in scores:
@@ -510,7 +556,9 @@ def train_round(
                                                                                 chunk_tokens=engine_cfg.logit_chunk_tokens),
                                      minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, max_tokens=engine_cfg.micro_batch_tokens,
                                      generator=generator, prefix="actor")
-                prep_metrics |= on_policy_metrics(on_policy)
+                prep_metrics |= on_policy_metrics(on_policy, dp)
+                if sampler is not None:  # gathered from the ZeRO-3 shards (a collective), into the whole copy
+                    sampler.load_state_dict(engines["policy"].model_state_dict())
                 update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
             failpoint("rl.update")
             # 5. log, checkpoint
@@ -523,10 +571,21 @@ def train_round(
             if on_step:
                 on_step(step, metrics)
             if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
-                save_state(state_dir, step, state_key, engines, rng, generator, result)
+                save_state(state_dir, step, state_key, engines, rng, generator, result, dp)
     finally:
         rollout_engine.close()
+    result.policy = model
     return result
+
+
+def _global_stats(dp: DataParallel, local: tuple[dict[str, TierStats], int]) -> tuple[dict[str, TierStats], int]:
+    """The step's verifier statistics over every rank's share of the batch."""
+    merged: dict[str, TierStats] = {}
+    total = 0
+    for stats, disagreements in dp.gather_objects(local):
+        merge_stats(merged, stats)
+        total += disagreements
+    return merged, total
 
 
 def _spread_groups(records: list[dict], scores: list[dict], by: str = "reward") -> int:

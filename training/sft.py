@@ -14,7 +14,8 @@ import torch
 
 from configs.failpoints import failpoint
 from configs.schema import EngineConfig, SFTConfig
-from training.engines import accumulate_step, build_engine, check_single_process, model_device, shard
+from training.data_parallel import DataParallel
+from training.engines import accumulate_step, build_engine, model_device, shard
 from training.rl_math import agg_loss
 from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
@@ -88,7 +89,6 @@ def train_sft(
     where it is); `gradient_checkpointing`: `model.gradient_checkpointing`."""
     if not examples:
         raise ValueError("no SFT examples")
-    check_single_process(engine_cfg)
     engine = build_engine(model, engine_cfg, lr=cfg.learning_rate, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
                           lr_lambda=lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps), device=device,
                           gradient_checkpointing=gradient_checkpointing)
@@ -131,7 +131,8 @@ def train_sft(
             if on_log:
                 on_log(step, metrics)
         if state_dir is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            save_state(state_dir, step, state_key, {"policy": engine}, None, generator, history)
+            save_state(state_dir, step, state_key, {"policy": engine}, None, generator, history, DataParallel(engine.rank, engine.world_size))
         failpoint("sft.step")
     engine.eval()
+    engine.finish()  # ZeRO-3: `model` holds whole weights again, for the caller to save
     return history

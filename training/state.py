@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from training.data_parallel import DataParallel
+
 MANIFEST = "MANIFEST.json"
 
 
@@ -36,29 +38,36 @@ def fingerprint(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_state(state_dir: Path, step: int, key: str, engines: dict, rng: random.Random | None, generator: torch.Generator, progress) -> None:
+def save_state(state_dir: Path, step: int, key: str, engines: dict, rng: random.Random | None, generator: torch.Generator, progress,
+               dp: DataParallel = DataParallel()) -> None:
     """Everything a resumed loop needs to continue bitwise: engines (weights, optimizer,
     scheduler), RNG states, the step counter and `progress` (what the loop has produced so far).
     Written to a temporary folder and renamed, then LATEST is replaced: a kill at any moment
-    leaves the previous state intact."""
+    leaves the previous state intact. Collective under data parallelism: every rank writes its
+    engines' shards (DeepSpeed's ZeRO partitions), rank 0 the rest; ranks hold the same loop state."""
     state_dir.mkdir(parents=True, exist_ok=True)
     final = state_dir / f"step-{step:05d}"
     tmp = state_dir / f".tmp-step-{step:05d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    if dp.leader:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dp.barrier()
     for name, engine in engines.items():
         engine.save_state(tmp / name)
-    torch.save({"step": step, "fingerprint": key, "python_rng": rng.getstate() if rng else None, "generator": generator.get_state(),
-                "torch_rng": torch.get_rng_state(), "result": progress}, tmp / "loop.pt")
-    (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    latest_tmp = state_dir / ".LATEST.tmp"
-    latest_tmp.write_text(final.name)
-    latest_tmp.replace(state_dir / "LATEST")
-    for old in state_dir.glob("step-*"):
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+    dp.barrier()
+    if dp.leader:
+        torch.save({"step": step, "fingerprint": key, "python_rng": rng.getstate() if rng else None, "generator": generator.get_state(),
+                    "torch_rng": torch.get_rng_state(), "result": progress}, tmp / "loop.pt")
+        (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        latest_tmp = state_dir / ".LATEST.tmp"
+        latest_tmp.write_text(final.name)
+        latest_tmp.replace(state_dir / "LATEST")
+        for old in state_dir.glob("step-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    dp.barrier()
 
 
 def load_state(state_dir: Path | None, key: str) -> tuple[Path, dict] | None:

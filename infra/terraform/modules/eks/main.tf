@@ -1,6 +1,7 @@
 # EKS cluster of the flywheel's `cluster` profile: a private control plane, a cpu node group
-# for the always-on services and a tainted gpu node group that scales from zero, so GPUs are
-# only paid for while rollout/training steps run.
+# for the always-on services, a tainted gpu node group that scales from zero, so GPUs are
+# only paid for while rollout/training steps run, and a tainted sandbox node group where the
+# sandbox service runs policy-written code away from everything else.
 
 data "aws_partition" "current" {}
 
@@ -39,12 +40,29 @@ locals {
     "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"            = tostring(var.gpus_per_node)
   }
 
+  # The same for the sandbox group. It never goes below one node, so the autoscaler could copy a
+  # live node; the tags keep that true if its minimum is ever lowered to zero.
+  sandbox_node_template_tags = {
+    "k8s.io/cluster-autoscaler/node-template/label/flywheel/node-pool" = "sandbox"
+    "k8s.io/cluster-autoscaler/node-template/taint/flywheel/sandbox"   = "present:NoSchedule"
+  }
+
+  # The node groups' launch templates (aws_launch_template.node), by node group: only the root
+  # volume differs. The gpu nodes hold CUDA/vLLM images and cached model weights; the sandbox
+  # service runs the user-code image, as the cpu nodes do, so it gets the cpu size.
+  launch_templates = {
+    cpu     = { disk_size_gib = var.cpu_disk_size_gib }
+    gpu     = { disk_size_gib = var.gpu_disk_size_gib }
+    sandbox = { disk_size_gib = var.cpu_disk_size_gib }
+  }
+
   # Node group tags stay on the EKS node group object and are not copied to its Auto Scaling
   # group, which is where the autoscaler reads them; aws_autoscaling_group_tag below copies
   # them. Keys are "<group>|<tag>" so for_each knows them at plan time.
   asg_tags = merge(
     { for key, value in local.autoscaler_discovery_tags : "cpu|${key}" => { node_group = "cpu", key = key, value = value } },
     { for key, value in merge(local.autoscaler_discovery_tags, local.gpu_node_template_tags) : "gpu|${key}" => { node_group = "gpu", key = key, value = value } },
+    { for key, value in merge(local.autoscaler_discovery_tags, local.sandbox_node_template_tags) : "sandbox|${key}" => { node_group = "sandbox", key = key, value = value } },
   )
 }
 
@@ -306,9 +324,14 @@ resource "aws_iam_role_policy_attachment" "node" {
 # NodeConfig document, not a bootstrap.sh call: AL2023 has no bootstrap.sh. No security groups
 # either: nodes then get the cluster security group EKS manages, which already allows control
 # plane <-> node traffic.
-resource "aws_launch_template" "cpu" {
-  name_prefix            = "${var.cluster_name}-cpu-"
-  description            = "cpu node group of ${var.cluster_name}"
+#
+# One template per node group, all with the same settings but the root volume size
+# (local.launch_templates).
+resource "aws_launch_template" "node" {
+  for_each = local.launch_templates
+
+  name_prefix            = "${var.cluster_name}-${each.key}-"
+  description            = "${each.key} node group of ${var.cluster_name}"
   update_default_version = true
 
   # IMDSv2 only: a token is needed, so an SSRF in a pod cannot read the node role's
@@ -316,6 +339,8 @@ resource "aws_launch_template" "cpu" {
   # only host-network pods (aws-node, kube-proxy) reach IMDS at all, and no workload can borrow
   # the node role (ENI management, ECR pulls). Pods that need AWS get an IRSA role, and the
   # region from AWS_REGION (flywheel_env; the cluster autoscaler's awsRegion), not from IMDS.
+  # This matters most on the sandbox nodes: they run policy-written code, and must not be able
+  # to borrow the node role.
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
@@ -326,7 +351,7 @@ resource "aws_launch_template" "cpu" {
     device_name = "/dev/xvda"
 
     ebs {
-      volume_size           = var.cpu_disk_size_gib
+      volume_size           = each.value.disk_size_gib
       volume_type           = "gp3"
       encrypted             = true
       delete_on_termination = true
@@ -335,12 +360,12 @@ resource "aws_launch_template" "cpu" {
 
   tag_specifications {
     resource_type = "instance"
-    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-cpu" })
+    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-${each.key}" })
   }
 
   tag_specifications {
     resource_type = "volume"
-    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-cpu" })
+    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-${each.key}" })
   }
 
   tags = var.tags
@@ -350,44 +375,21 @@ resource "aws_launch_template" "cpu" {
   }
 }
 
-resource "aws_launch_template" "gpu" {
-  name_prefix            = "${var.cluster_name}-gpu-"
-  description            = "gpu node group of ${var.cluster_name}"
-  update_default_version = true
+# The templates were three resources (aws_launch_template.cpu, .gpu, .sandbox) before they were
+# folded into one with for_each; these keep existing clusters from replacing them.
+moved {
+  from = aws_launch_template.cpu
+  to   = aws_launch_template.node["cpu"]
+}
 
-  # Same reasoning as the cpu template.
-  metadata_options {
-    http_endpoint               = "enabled"
-    http_tokens                 = "required"
-    http_put_response_hop_limit = 1
-  }
+moved {
+  from = aws_launch_template.gpu
+  to   = aws_launch_template.node["gpu"]
+}
 
-  block_device_mappings {
-    device_name = "/dev/xvda"
-
-    ebs {
-      volume_size           = var.gpu_disk_size_gib
-      volume_type           = "gp3"
-      encrypted             = true
-      delete_on_termination = true
-    }
-  }
-
-  tag_specifications {
-    resource_type = "instance"
-    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-gpu" })
-  }
-
-  tag_specifications {
-    resource_type = "volume"
-    tags          = merge(local.node_tags, { Name = "${var.cluster_name}-gpu" })
-  }
-
-  tags = var.tags
-
-  lifecycle {
-    create_before_destroy = true
-  }
+moved {
+  from = aws_launch_template.sandbox
+  to   = aws_launch_template.node["sandbox"]
 }
 
 resource "aws_eks_node_group" "cpu" {
@@ -419,8 +421,8 @@ resource "aws_eks_node_group" "cpu" {
   }
 
   launch_template {
-    id      = aws_launch_template.cpu.id
-    version = aws_launch_template.cpu.latest_version
+    id      = aws_launch_template.node["cpu"].id
+    version = aws_launch_template.node["cpu"].latest_version
   }
 
   labels = {
@@ -469,8 +471,8 @@ resource "aws_eks_node_group" "gpu" {
   }
 
   launch_template {
-    id      = aws_launch_template.gpu.id
-    version = aws_launch_template.gpu.latest_version
+    id      = aws_launch_template.node["gpu"].id
+    version = aws_launch_template.node["gpu"].latest_version
   }
 
   # The app's GPU steps select these nodes with orchestration.k8s.gpu_node_selector and
@@ -500,12 +502,66 @@ resource "aws_eks_node_group" "gpu" {
   depends_on = [aws_iam_role_policy_attachment.node]
 }
 
+# The sandbox service (verifiers/sandbox_service.py, rendered by pipelines/k8s_manifests.py) runs
+# policy-written code in bubblewrap, which needs root and CAP_SYS_ADMIN in its pod
+# (docs/sandbox.md): it gets nodes of its own, so a compromised service holds nothing of the
+# training nodes, the Dagster services or their credentials. The service selects the label and
+# tolerates the taint; the taint keeps every other pod off.
+resource "aws_eks_node_group" "sandbox" {
+  cluster_name           = aws_eks_cluster.this.name
+  node_group_name_prefix = "sandbox-"
+  node_role_arn          = aws_iam_role.node.arn
+  subnet_ids             = var.private_subnet_ids
+  version                = aws_eks_cluster.this.version
+  ami_type               = "AL2023_x86_64_STANDARD"
+  capacity_type          = "ON_DEMAND"
+  instance_types         = var.sandbox_instance_types
+
+  # Always one node: every rollout step with tools calls the service, and a node added on demand
+  # would stall the first round for minutes. The autoscaler adds nodes as the service's
+  # HorizontalPodAutoscaler adds replicas.
+  scaling_config {
+    min_size     = 1
+    desired_size = 1
+    max_size     = var.sandbox_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.node["sandbox"].id
+    version = aws_launch_template.node["sandbox"].latest_version
+  }
+
+  labels = {
+    "flywheel/node-pool" = "sandbox"
+  }
+
+  taint {
+    key    = "flywheel/sandbox"
+    value  = "present"
+    effect = "NO_SCHEDULE"
+  }
+
+  tags = merge(var.tags, local.autoscaler_discovery_tags, local.sandbox_node_template_tags)
+
+  lifecycle {
+    create_before_destroy = true
+    ignore_changes        = [scaling_config[0].desired_size]
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
 resource "aws_autoscaling_group_tag" "node_groups" {
   for_each = local.asg_tags
 
   autoscaling_group_name = {
-    cpu = aws_eks_node_group.cpu.resources[0].autoscaling_groups[0].name
-    gpu = aws_eks_node_group.gpu.resources[0].autoscaling_groups[0].name
+    cpu     = aws_eks_node_group.cpu.resources[0].autoscaling_groups[0].name
+    gpu     = aws_eks_node_group.gpu.resources[0].autoscaling_groups[0].name
+    sandbox = aws_eks_node_group.sandbox.resources[0].autoscaling_groups[0].name
   }[each.value.node_group]
 
   tag {
@@ -514,4 +570,35 @@ resource "aws_autoscaling_group_tag" "node_groups" {
     # Only the autoscaler reads these, on the group; instances need not carry them.
     propagate_at_launch = false
   }
+}
+
+# --- Add-ons -------------------------------------------------------------------------------------
+
+# The VPC CNI as a managed add-on with its network policy agent on. Without the agent the API
+# accepts NetworkPolicies and nothing enforces them, and the sandbox service's policy (ingress from
+# the step and training pods only, no egress: pipelines/k8s_manifests.py) would be a no-op.
+# OVERWRITE adopts the self-managed copy EKS installs with every cluster. No addon_version: EKS
+# picks the default for the cluster's Kubernetes version, and a pin here would go stale with it.
+resource "aws_eks_addon" "vpc_cni" {
+  cluster_name                = aws_eks_cluster.this.name
+  addon_name                  = "vpc-cni"
+  configuration_values        = jsonencode({ enableNetworkPolicy = "true" })
+  resolve_conflicts_on_create = "OVERWRITE"
+  resolve_conflicts_on_update = "OVERWRITE"
+
+  tags = var.tags
+}
+
+# Resource metrics, which the sandbox service's HorizontalPodAutoscaler scales on (CPU
+# utilization); EKS does not install metrics-server by itself.
+resource "aws_eks_addon" "metrics_server" {
+  cluster_name                = aws_eks_cluster.this.name
+  addon_name                  = "metrics-server"
+  resolve_conflicts_on_create = "OVERWRITE"
+  resolve_conflicts_on_update = "OVERWRITE"
+
+  tags = var.tags
+
+  # Its pods need a node before the add-on becomes ACTIVE (they run on the untainted cpu nodes).
+  depends_on = [aws_eks_node_group.cpu]
 }

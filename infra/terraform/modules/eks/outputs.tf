@@ -44,7 +44,7 @@ output "node_security_group_id" {
 }
 
 output "node_role_arn" {
-  description = "ARN of the IAM role of both node groups."
+  description = "ARN of the IAM role of the node groups."
   value       = aws_iam_role.node.arn
 }
 
@@ -56,6 +56,11 @@ output "cpu_node_group_name" {
 output "gpu_node_group_name" {
   description = "Name of the gpu node group."
   value       = aws_eks_node_group.gpu.node_group_name
+}
+
+output "sandbox_node_group_name" {
+  description = "Name of the sandbox node group."
+  value       = aws_eks_node_group.sandbox.node_group_name
 }
 
 output "secrets_kms_key_arn" {

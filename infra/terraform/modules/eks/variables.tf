@@ -179,6 +179,28 @@ variable "gpu_capacity_type" {
   }
 }
 
+variable "sandbox_instance_types" {
+  description = "Instance types of the sandbox node group, where the sandbox service runs policy-written code (pipelines/k8s_manifests.py renders it: 3 CPUs a replica by default, so an 8-vCPU node holds two)."
+  type        = list(string)
+  default     = ["c6i.2xlarge"]
+
+  validation {
+    condition     = length(var.sandbox_instance_types) > 0
+    error_message = "sandbox_instance_types needs at least one instance type."
+  }
+}
+
+variable "sandbox_max_nodes" {
+  description = "Maximum size of the sandbox node group (it runs with min 1). Keep it at least the sandbox service's maximum replicas divided by the replicas a node holds."
+  type        = number
+  default     = 4
+
+  validation {
+    condition     = var.sandbox_max_nodes >= 1 && floor(var.sandbox_max_nodes) == var.sandbox_max_nodes
+    error_message = "sandbox_max_nodes must be a whole number of at least 1."
+  }
+}
+
 variable "admin_principal_arns" {
   description = "IAM roles or users given cluster-admin on the Kubernetes API (an EKS access entry with AmazonEKSClusterAdminPolicy each): whoever runs Terraform, the platform layer's CI role, operators. Use the role ARN (arn:aws:iam::<account>:role/<name>), not the sts assumed-role ARN of a session."
   type        = list(string)

@@ -25,7 +25,14 @@ locals {
     "DAGSTER_PG_USER",
   ]
 
-  flywheel_env_secret = merge(var.env, { DAGSTER_PG_PASSWORD = var.db_password })
+  # The sandbox service's token reaches the clients (the step and training pods) here, under
+  # sandbox.token_env of configs/cluster.yaml, and the service from its own Secret below.
+  flywheel_env_secret = merge(var.env, { DAGSTER_PG_PASSWORD = var.db_password, FLYWHEEL_SANDBOX_TOKEN = var.sandbox_token })
+
+  # The Secret and key the sandbox service reads its token from: pipelines/k8s_manifests.py
+  # (SANDBOX_TOKEN_SECRET, SANDBOX_TOKEN_KEY) renders the service's Deployment with these.
+  sandbox_token_secret = "flywheel-sandbox-token"
+  sandbox_token_key    = "token"
 
   # The Secret the Dagster chart reads the instance's Postgres password from (its global
   # postgresqlSecretName): webserver, daemon, and run pods through the run launcher.
@@ -194,4 +201,16 @@ resource "kubernetes_secret_v1" "mlflow_database" {
     username = var.db_username
     password = var.db_password
   }
+}
+
+# The sandbox service's shared secret alone, so that its pod (which runs policy-written code) gets
+# nothing of flywheel-env: no database password, no bucket, no image references.
+resource "kubernetes_secret_v1" "sandbox_token" {
+  metadata {
+    name      = local.sandbox_token_secret
+    namespace = kubernetes_namespace_v1.this.metadata[0].name
+  }
+
+  type = "Opaque"
+  data = { (local.sandbox_token_key) = var.sandbox_token }
 }

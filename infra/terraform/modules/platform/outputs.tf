@@ -52,3 +52,8 @@ output "cpu_node_selector" {
   description = "Node selector of the CPU nodes the platform's services run on, for cloud-specific releases placed beside them."
   value       = var.cpu_node_selector
 }
+
+output "sandbox_token_secret" {
+  description = "Secret (key `token`) the sandbox service reads its shared secret from; pipelines/k8s_manifests.py renders the service with it."
+  value       = kubernetes_secret_v1.sandbox_token.metadata[0].name
+}

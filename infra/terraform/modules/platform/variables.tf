@@ -36,6 +36,11 @@ variable "env" {
     condition     = !contains(keys(var.env), "DAGSTER_PG_PASSWORD")
     error_message = "env must not contain DAGSTER_PG_PASSWORD: the module adds it from db_password."
   }
+
+  validation {
+    condition     = !contains(keys(var.env), "FLYWHEEL_SANDBOX_TOKEN")
+    error_message = "env must not contain FLYWHEEL_SANDBOX_TOKEN: the module adds it from sandbox_token."
+  }
 }
 
 variable "dagster_image" {
@@ -112,6 +117,19 @@ variable "db_password" {
   validation {
     condition     = length(var.db_password) >= 8
     error_message = "db_password must be at least 8 characters."
+  }
+}
+
+variable "sandbox_token" {
+  description = "Shared secret of the sandbox service (sandbox.kind http): written into the Secret flywheel-sandbox-token, which the service reads, and into flywheel-env as FLYWHEEL_SANDBOX_TOKEN, which its clients read (and so into the state of the configuration calling this module)."
+  type        = string
+  sensitive   = true
+
+  # The service refuses tokens under 16 characters; a generated one is much longer. It travels in
+  # an HTTP header, so no whitespace or control characters.
+  validation {
+    condition     = length(var.sandbox_token) >= 32 && can(regex("^[!-~]+$", var.sandbox_token))
+    error_message = "sandbox_token must be at least 32 printable characters without spaces."
   }
 }
 

@@ -1,6 +1,6 @@
 # The AWS infrastructure of the app's `cluster` profile (configs/cluster.yaml): network, EKS with a
-# cpu and a scale-from-zero gpu node group, the artifact bucket, PostgreSQL for Dagster and MLflow,
-# the image repositories, and one IAM role per service account that needs AWS. Its outputs, and
+# cpu, a scale-from-zero gpu and a sandbox node group, the artifact bucket, PostgreSQL for Dagster
+# and MLflow, the image repositories, and one IAM role per service account that needs AWS. Its outputs, and
 # flywheel_env above all, are what the platform layer (../platform) deploys into the cluster.
 
 data "aws_partition" "current" {}
@@ -65,6 +65,9 @@ module "eks" {
   gpu_max_nodes      = var.gpu_max_nodes
   gpus_per_node      = var.gpus_per_node
   gpu_capacity_type  = var.gpu_capacity_type
+
+  sandbox_instance_types = var.sandbox_instance_types
+  sandbox_max_nodes      = var.sandbox_max_nodes
 }
 
 # Without an access entry for whoever runs Terraform, the platform layer's kubernetes and helm

@@ -194,6 +194,18 @@ variable "gpu_capacity_type" {
   default     = "ON_DEMAND"
 }
 
+variable "sandbox_instance_types" {
+  description = "Instance types of the sandbox node group, where the sandbox service runs policy-written code (two service replicas of 3 CPUs on an 8-vCPU node)."
+  type        = list(string)
+  default     = ["c6i.2xlarge"]
+}
+
+variable "sandbox_max_nodes" {
+  description = "Maximum size of the sandbox node group (min 1); keep it at the sandbox service's maximum replicas / 2."
+  type        = number
+  default     = 4
+}
+
 variable "bucket_force_destroy" {
   description = "Let `terraform destroy` delete the artifact bucket with its objects. Keep false outside throwaway environments."
   type        = bool

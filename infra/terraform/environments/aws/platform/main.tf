@@ -28,6 +28,15 @@ data "aws_secretsmanager_secret_version" "db_master" {
   secret_id = local.infra.db_master_user_secret_arn
 }
 
+# The sandbox service's token: generated once and kept in this layer's state, like the database
+# password it reads. Rotate it with `terraform apply -replace=random_password.sandbox_token`, then
+# restart the service (`kubectl -n flywheel rollout restart deployment/flywheel-sandbox`); the
+# step and training pods read it from flywheel-env when they start.
+resource "random_password" "sandbox_token" {
+  length  = 48
+  special = false # it travels in an HTTP header
+}
+
 module "platform" {
   source = "../../../modules/platform"
 
@@ -44,6 +53,7 @@ module "platform" {
   dagster_database_name = local.infra.dagster_database_name
   mlflow_database_name  = local.infra.mlflow_database_name
   credentials_revision  = data.aws_secretsmanager_secret_version.db_master.version_id
+  sandbox_token         = random_password.sandbox_token.result
 
   # The names the infra layer's IRSA roles trust (their sub condition), annotated with those
   # roles: eks.amazonaws.com/role-arn is how EKS hands a pod its service account's role.

@@ -16,6 +16,11 @@ terraform {
       source  = "hashicorp/helm"
       version = "~> 3.0"
     }
+    # The sandbox service's token (main.tf).
+    random = {
+      source  = "hashicorp/random"
+      version = "~> 3.6"
+    }
   }
 
   # This layer's state holds the database master password: the Kubernetes Secrets it writes and
