@@ -129,3 +129,21 @@ def test_a_launched_job_whose_rank_dies_fails_naming_that_rank(tmp_path):
     message = str(info.value)
     assert "job 'benchmark': rank 0, 1 failed" in message  # both ranks raised (each wrote its error file)
     assert "no stored benchmark_tasks" in message
+
+
+def test_every_rank_writes_its_own_vllm_engine_folder(warm_policy, tmp_path, monkeypatch):
+    """transformers' save_pretrained writes on rank 0 only once a process group exists, which left
+    rank 1's vLLM engine an empty folder. The engine folder is written by whichever rank asks."""
+    import transformers.distributed.mixin as mixin
+    from transformers import AutoModelForCausalLM
+
+    from training.rollout_engines import save_engine_folder
+
+    monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
+    warm_policy.model.save_pretrained(tmp_path / "gated")
+    assert not (tmp_path / "gated" / "model.safetensors").exists()  # the failure this guards against
+    save_engine_folder(warm_policy.model, warm_policy.tokenizer, tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, tensor in warm_policy.model.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name

@@ -252,6 +252,22 @@ def _vllm_environment() -> None:
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
 
+def save_engine_folder(model, tokenizer, folder: Path) -> None:
+    """An HF folder vLLM loads, written by this process whatever its rank. (transformers'
+    save_pretrained writes on rank 0 only once a process group exists; under a data-parallel
+    round every rank starts its own engine from its own folder.)"""
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    state = {name: t.detach().contiguous().clone() for name, t in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the embedding's own tensor; safetensors refuses shared storage
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
+
+
 def _generation(output) -> Generation:
     completion = output.outputs[0]
     ids = list(completion.token_ids)
@@ -318,8 +334,7 @@ class VLLMEngine:
     def from_model(cls, model, tokenizer, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32") -> VLLMEngine:
         """Start on an in-memory model by saving it to a temporary HF folder first."""
         with tempfile.TemporaryDirectory(prefix="vllm-weights-") as folder:
-            merged(model).save_pretrained(folder, safe_serialization=True)  # LoRA adapters folded in: vLLM serves a plain model
-            tokenizer.save_pretrained(folder)
+            save_engine_folder(merged(model), tokenizer, Path(folder))  # LoRA adapters folded in: vLLM serves a plain model
             return cls(folder, cfg, seed=seed, dtype=dtype)
 
     def _params(self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int, stop_strings: tuple[str, ...] = ()):
