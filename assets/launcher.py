@@ -104,8 +104,9 @@ def failed_ranks(log_dir: Path) -> dict[int, str]:
     return raised or {rank: tail for rank, (_, tail) in ranks.items()}
 
 
-def rank_failure_message(job: str, failed: dict[int, str]) -> str:
-    parts = [f"job {job!r}: rank {', '.join(map(str, sorted(failed)))} failed; re-execute the step to resume from its last state checkpoint"]
-    for rank, tail in sorted(failed.items()):
-        parts.append(f"--- rank {rank}, last {TAIL_LINES} lines ---\n{tail or '(no output)'}")
+def rank_failure_message(job: str, failed: dict[int, str], unit: str = "rank") -> str:
+    """`unit`: what the keys number, a rank (torchrun's log folder) or a node (a multi-node Job's pod)."""
+    parts = [f"job {job!r}: {unit} {', '.join(map(str, sorted(failed)))} failed; re-execute the step to resume from its last state checkpoint"]
+    for index, tail in sorted(failed.items()):
+        parts.append(f"--- {unit} {index}, last {TAIL_LINES} lines ---\n{tail or '(no output)'}")
     return "\n".join(parts)

@@ -400,6 +400,8 @@ class K8sConfig(_Strict):
     service_account: str = Field("flywheel-runner", description="Service account of step pods (IRSA: S3 and nothing else).")
     max_concurrent: int = Field(8, ge=1, description="Step pods one run may have at a time.")
     gpus_per_step: int = Field(1, ge=1, description="nvidia.com/gpu requested by each step in the `gpu` pool.")
+    nnodes: int = Field(1, ge=1, description="Nodes (pods) of each launched job (orchestration.launcher k8s): above 1, an Indexed Job with "
+                        "torchrun's static rendezvous (pipelines/k8s_launch.py), gpus_per_step ranks per pod.")
     gpu_node_selector: dict[str, str] = Field({"flywheel/node-pool": "gpu"}, description="Labels of the GPU node group.")
     gpu_tolerations: list[dict[str, str]] = Field([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                                                  description="Tolerations for the GPU nodes' taints.")

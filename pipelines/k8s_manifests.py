@@ -380,14 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="profile override, e.g. sandbox.timeout_s=3")
     parser.add_argument("--out", required=True, type=Path, help="directory to write one YAML file per object into")
     parser.add_argument("--job", action="append", default=[], help="also render a training job running `python -m assets.jobs JOB`")
-    parser.add_argument("--nnodes", type=int, default=1, help="pods (nodes) of each training job, gpus_per_step GPUs each")
+    parser.add_argument("--nnodes", type=int, default=None, help="pods (nodes) of each training job, gpus_per_step GPUs each "
+                        "(default: orchestration.k8s.nnodes)")
     parser.add_argument("--sandbox-workers", type=int, default=3, help="bubblewrap workers (and CPUs) per sandbox replica")
     parser.add_argument("--sandbox-min-replicas", type=int, default=2, help="the HPA's minimum (at least 2: the disruption budget)")
     parser.add_argument("--sandbox-max-replicas", type=int, default=8, help="the HPA's maximum; the sandbox node group must hold it")
     args = parser.parse_args(argv)
     try:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
-        manifests = render_all(cfg, jobs=tuple(args.job), nnodes=args.nnodes, workers=args.sandbox_workers,
+        manifests = render_all(cfg, jobs=tuple(args.job), nnodes=args.nnodes or cfg.orchestration.k8s.nnodes, workers=args.sandbox_workers,
                                min_replicas=args.sandbox_min_replicas, max_replicas=args.sandbox_max_replicas)
     except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)

@@ -30,19 +30,21 @@ def resources_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) 
             artifact_location=str(home / "mlartifacts") if tracking_uri.startswith("sqlite:") else None,
         ),
         "sandbox": SandboxResource.from_config(cfg.sandbox),
-        "launcher": launcher_for(cfg),
+        "launcher": launcher_for(cfg, overrides),
     }
 
 
-def launcher_for(cfg: FlywheelConfig) -> JobLauncher:
+def launcher_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) -> JobLauncher:
     kind = cfg.orchestration.launcher
     if kind != "k8s":
         return JobLauncher(kind=kind, nproc_per_node=cfg.orchestration.nproc_per_node)
     from pipelines.k8s import job_pod_spec
+    from pipelines.k8s_launch import IndexedJobLauncher
 
-    k8s = cfg.orchestration.k8s  # one rank per GPU of the job's pod
-    return JobLauncher(kind=kind, nproc_per_node=k8s.gpus_per_step, namespace=k8s.namespace, image=k8s.gpu_image or k8s.image,
-                       pod_spec_json=json.dumps(job_pod_spec(k8s)))
+    k8s = cfg.orchestration.k8s  # one rank per GPU of each of the job's nnodes pods
+    return IndexedJobLauncher(kind=kind, nproc_per_node=k8s.gpus_per_step, namespace=k8s.namespace, image=k8s.gpu_image or k8s.image,
+                              pod_spec_json=json.dumps(job_pod_spec(k8s)), nnodes=k8s.nnodes, profile=cfg.profile,
+                              overrides_json=json.dumps(overrides or {}))
 
 
 def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDefinition:

@@ -445,7 +445,8 @@ def check_rbac_namespaced_and_minimal(layers: Layers) -> None:
     granted = {(group, resource, verb) for rule in role["rule"] for group in rule["api_groups"] for resource in rule["resources"] for verb in rule["verbs"]}
     expected = ({("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")} | {("batch", "jobs/status", "get")}
                 | {("", "pods", v) for v in ("create", "get", "list", "watch", "delete")}
-                | {("", "pods/log", "get"), ("", "pods/status", "get"), ("", "events", "list")})
+                | {("", "pods/log", "get"), ("", "pods/status", "get"), ("", "events", "list")}
+                | {("", "services", v) for v in ("create", "delete")})  # the multi-node launch's headless Service
     assert granted == expected, (granted - expected, expected - granted)
     binding = platform.resource("kubernetes_role_binding_v1", "runner")
     assert binding["role_ref"][0] == {"api_group": "rbac.authorization.k8s.io", "kind": "Role", "name": ref("kubernetes_role_v1.runner.metadata[0].name")}

@@ -76,7 +76,8 @@ resource "kubernetes_service_account_v1" "mlflow" {
 # What dagster-k8s calls (its client.py and pipes.py): the run launcher and the k8s_job_executor
 # create, watch and delete Jobs and read their status subresource; run monitoring and step
 # health checks list pods and events and read logs; PipesK8sClient creates a bare pod, watches
-# it, streams its log and deletes it. Namespaced and without wildcards: nothing cluster-wide, no
+# it, streams its log and deletes it; the multi-node launch adds an Indexed Job's headless
+# Service. Namespaced and without wildcards: nothing cluster-wide, no
 # Secrets read through the API. (Creating pods does let this account use the namespace's Secrets
 # through a pod's env, which is why the namespace holds only what the app's pods already get.)
 resource "kubernetes_role_v1" "runner" {
@@ -113,6 +114,14 @@ resource "kubernetes_role_v1" "runner" {
     api_groups = [""]
     resources  = ["events"]
     verbs      = ["list"]
+  }
+
+  # The multi-node launch (pipelines/k8s_launch.py): each such step's headless Service, through
+  # which its pods find rank 0; created and deleted with the step's Indexed Job.
+  rule {
+    api_groups = [""]
+    resources  = ["services"]
+    verbs      = ["create", "delete"]
   }
 }
 
