@@ -147,3 +147,33 @@ def test_every_rank_writes_its_own_vllm_engine_folder(warm_policy, tmp_path, mon
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     for name, tensor in warm_policy.model.state_dict().items():
         assert torch.equal(tensor, loaded.state_dict()[name]), name
+
+
+@pytest.mark.slow
+def test_a_killed_two_rank_round_resumes_from_its_state_checkpoint(tmp_path, warm_folder):
+    """Kill a 2-rank round (torchrun and both ranks) after its step-2 state is saved; the re-run
+    resumes from that state and ends exactly where an uninterrupted 2-rank round ends."""
+    import signal
+    import time
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (scripts/setup.sh installs it)")
+    args = ("--steps", "4", "--init", str(warm_folder))
+    straight = run_worker(tmp_path / "straight.pt", *args, nproc=2)
+    state = tmp_path / "state"
+    env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER), *args,
+                             "--state-dir", str(state), "--out", str(tmp_path / "killed.pt")], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (state / "LATEST").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no state checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, as a lost node would
+    proc.wait()
+    assert not (tmp_path / "killed.pt").exists()
+    resumed = run_worker(tmp_path / "resumed.pt", *args, "--state-dir", str(state), nproc=2)
+    assert 2 <= resumed["resumed_from_step"] < 4
+    assert resumed["trajectory_ids"] == straight["trajectory_ids"]
+    for name, value in straight["params"].items():
+        assert torch.equal(value, resumed["params"][name]), f"{name} differs after resume"
