@@ -97,3 +97,35 @@ def promotion_decision(new: dict[str, float], champion: dict[str, float] | None,
         return {"promote": True, "diff": float("nan"), "diff_ci_low": float("nan"), "diff_ci_high": float("nan")}
     diff, low, high = paired_difference(new, champion, confidence)
     return {"promote": low > margin, "diff": diff, "diff_ci_low": low, "diff_ci_high": high}
+
+
+# --------------------------------------------------------------------------- pass@k
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k from n samples of which c passed (Chen et al. 2021):
+    1 - C(n - c, k) / C(n, k), the chance that k of the n samples, drawn without replacement,
+    hold at least one pass. Computed as a running product (the paper's numerically stable form)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    fail_all = 1.0
+    for i in range(n - c + 1, n + 1):
+        fail_all *= 1.0 - k / i
+    return 1.0 - fail_all
+
+
+def pass_at_k_ci(counts: list[tuple[int, int]], k: int, confidence: float, *, resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """Mean pass@k over tasks, given (n, c) per task, and a percentile bootstrap interval over
+    tasks (pass@k of a task is not 0/1 for k > 1, and near 0 or 1 a normal interval would leave
+    [0, 1]). Seeded: the same counts give the same interval."""
+    import random
+
+    if not counts:
+        raise ValueError("no tasks to estimate pass@k on")
+    per_task = [pass_at_k(n, c, k) for n, c in counts]
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(per_task, k=len(per_task))) / len(per_task) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low, high = means[int(tail * resamples)], means[min(resamples - 1, int((1 - tail) * resamples))]
+    return sum(per_task) / len(per_task), low, high

@@ -1,0 +1,48 @@
+"""pass@k (issue 24): the unbiased estimator against a hand-computed example and brute-force
+enumeration of every k-subset, and its bootstrap interval."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from training.evaluate import pass_at_k, pass_at_k_ci
+
+pytestmark = pytest.mark.yourdata
+
+
+def test_hand_computed_example():
+    # n = 5 samples, c = 2 passed, k = 2: 1 - C(3, 2) / C(5, 2) = 1 - 3/10
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)  # pass@1 is the pass rate c / n
+    assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 3, 3) == 1.0  # n - c < k: some pass is certain
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 7])
+def test_equals_brute_force_enumeration(n):
+    """For every c and k: the fraction of k-subsets of n samples (c of them passing) that hold a pass."""
+    for c in range(n + 1):
+        outcomes = [1] * c + [0] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(outcomes, k))
+            exact = sum(any(s) for s in subsets) / len(subsets)
+            assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12), (n, c, k)
+            assert exact == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+
+
+def test_bad_counts_are_refused_naming_them():
+    with pytest.raises(ValueError, match="n=4, c=5, k=1"):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError, match="k=5"):
+        pass_at_k(4, 1, 5)
+
+
+def test_bootstrap_interval_holds_the_mean_and_stays_in_bounds():
+    counts = [(8, c) for c in (0, 0, 1, 2, 8, 8, 3, 0, 5, 7)] * 5
+    mean, low, high = pass_at_k_ci(counts, 4, 0.95)
+    assert mean == pytest.approx(sum(pass_at_k(8, c, 4) for _, c in counts) / len(counts))
+    assert 0.0 <= low < mean < high <= 1.0
+    assert pass_at_k_ci(counts, 4, 0.95) == (mean, low, high)  # seeded
+    assert pass_at_k_ci([(8, 8)] * 10, 4, 0.95) == (1.0, 1.0, 1.0)  # no spread, no interval
