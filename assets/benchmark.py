@@ -45,7 +45,7 @@ def evaluate_checkpoint(cfg, storage: ArtifactStore, sandbox: SandboxResource, p
             greedy = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=1, greedy=True, **common)) if bench.greedy else None
         finally:
             engine.close()
-    summary = summarize(sampled, bench.confidence)
+    summary = summarize(sampled, bench.confidence, bench.pass_at_k)
     summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"] if greedy is not None else float("nan")
     return summary, {r["task_id"]: r["score"] for r in sampled}
 
@@ -109,6 +109,7 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
         metadata={
             "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
             "greedy_pass_at_1": summary["greedy_pass_at_1"], "tool_call_rate": summary["tool_call_rate"], "mean_turns": summary["mean_turns"],
+            **{f"pass_at_{k}": summary[f"pass_at_{k}"] for k in settings.config.benchmark.pass_at_k if f"pass_at_{k}" in summary},
             "model_version": version.version, "alias": CHAMPION if decision["promote"] else CHALLENGER, "mlflow_run_id": run_id,
             "mlflow_run": tracker.run_link(run_id), "model_version_page": tracker.version_link(version.version),
             "promotion_blocked_by": blocked_by or "nothing", "promotion_skipped": skipped or "no",

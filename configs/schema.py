@@ -375,6 +375,17 @@ class BenchmarkConfig(_Strict):
     greedy: bool = Field(True, description="Also report greedy pass@1 (a second pass over the benchmark).")
     include_base: bool = Field(False, description="Benchmark the base model too (`base_benchmark_scores`: zero-shot, with the system prompt), "
                                "the baseline SFT's gain is measured against. For pretrained models; a scratch base scores 0.")
+    pass_at_k: list[int] = Field([], description="k (2 or more, at most samples_per_task) for which the unbiased pass@k (Chen et al. 2021) is "
+                                 "reported with a bootstrap CI over tasks; a sample passes when its outcome is 1. pass@1 (the mean outcome) "
+                                 "is always reported, and is what the promotion gate compares.")
+
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> "BenchmarkConfig":
+        bad = [k for k in self.pass_at_k if not 2 <= k <= self.samples_per_task]
+        if bad:
+            raise ValueError(f"benchmark.pass_at_k={self.pass_at_k}: each k must be 2..samples_per_task={self.samples_per_task} "
+                             f"(got {bad}; pass@1 is always reported)")
+        return self
 
 
 class TrackingConfig(_Strict):

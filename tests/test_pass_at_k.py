@@ -46,3 +46,25 @@ def test_bootstrap_interval_holds_the_mean_and_stays_in_bounds():
     assert 0.0 <= low < mean < high <= 1.0
     assert pass_at_k_ci(counts, 4, 0.95) == (mean, low, high)  # seeded
     assert pass_at_k_ci([(8, 8)] * 10, 4, 0.95) == (1.0, 1.0, 1.0)  # no spread, no interval
+
+
+def test_the_benchmark_summary_reports_pass_at_k_per_family_next_to_pass_at_1():
+    from training.evaluate import summarize
+
+    # 4 samples a task; code's partial credit (0.5) counts toward pass@1's mean outcome, not as a pass
+    rows = [{"task_id": f"{f}-{i}", "family": f, "level": 1, "score": score, "samples": 4, "solved": solved, "tool_call_rate": 0.0, "turns": 1.0}
+            for i, (f, score, solved) in enumerate([("math", 0.25, 1), ("math", 0.0, 0), ("code", 0.5, 0), ("code", 1.0, 4)])]
+    summary = summarize(rows, 0.95, [2, 4])
+    assert summary["pass_at_1"] == pytest.approx((0.25 + 0.0 + 0.5 + 1.0) / 4)
+    assert summary["pass_at_2"] == pytest.approx((pass_at_k(4, 1, 2) + 0 + 0 + 1) / 4)
+    assert summary["math/pass_at_4"] == pytest.approx(0.5) and summary["code/pass_at_4"] == pytest.approx(0.5)
+    assert summary["pass_at_2_ci_low"] <= summary["pass_at_2"] <= summary["pass_at_2_ci_high"]
+    assert "pass_at_8" not in summarize(rows, 0.95, [8])  # a k beyond the samples taken is not estimated
+
+
+def test_a_k_the_benchmark_cannot_estimate_is_refused_at_load_time():
+    from configs import ConfigError, load_profile
+
+    with pytest.raises(ConfigError, match=r"benchmark.pass_at_k=\[2, 8\]: each k must be 2..samples_per_task=4 \(got \[8\]"):
+        load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 8]})
+    assert load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 4]}).benchmark.pass_at_k == [2, 4]

@@ -45,6 +45,8 @@ def evaluate_policy(
                 "family": task["family"],
                 "level": int(task["level"]),
                 "score": sum((s["outcome"] or 0.0) for _, s in pairs) / len(pairs),
+                "samples": len(pairs),
+                "solved": sum((s["outcome"] or 0.0) >= 1.0 for _, s in pairs),  # for pass@k: every test passed, the answer right
                 "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
                 "turns": sum(r["turns"] for r, _ in pairs) / len(pairs),
             })
@@ -70,7 +72,10 @@ def paired_difference(new: dict[str, float], old: dict[str, float], confidence: 
     return mean_ci([new[t] - old[t] for t in common], confidence)
 
 
-def summarize(rows: list[dict], confidence: float) -> dict[str, float]:
+def summarize(rows: list[dict], confidence: float, pass_at_k: tuple[int, ...] | list[int] = ()) -> dict[str, float]:
+    """pass@1 (the mean outcome) overall, per family and level, with CIs; and for each k in
+    `pass_at_k` that every task has samples for, the unbiased pass@k with a bootstrap CI, overall
+    and per family."""
     pass_at_1, low, high = mean_ci([r["score"] for r in rows], confidence)
     summary = {
         "pass_at_1": pass_at_1, "pass_at_1_ci_low": low, "pass_at_1_ci_high": high,
@@ -87,6 +92,11 @@ def summarize(rows: list[dict], confidence: float) -> dict[str, float]:
             at = [r for r in of_family if r["level"] == level]
             summary[f"{family}/level_{level}/pass_at_1"] = sum(r["score"] for r in at) / len(at)
             summary[f"{family}/level_{level}/tool_call_rate"] = sum(r["tool_call_rate"] for r in at) / len(at)
+    for k in pass_at_k:
+        if all(r.get("samples", 1) >= k for r in rows):
+            for prefix, of in [("", rows)] + [(f"{f}/", [r for r in rows if r["family"] == f]) for f in sorted({r["family"] for r in rows})]:
+                mean, low, high = pass_at_k_ci([(r["samples"], r["solved"]) for r in of], k, confidence)
+                summary.update({f"{prefix}pass_at_{k}": mean, f"{prefix}pass_at_{k}_ci_low": low, f"{prefix}pass_at_{k}_ci_high": high})
     return summary
 
 
