@@ -368,3 +368,18 @@ def test_config_builds_the_client_and_names_what_is_missing(service, monkeypatch
     with pytest.raises(ConfigError, match="sandbox.url"):
         load_profile("tiny", {"sandbox.kind": "http"})
     assert load_profile("tiny", {"sandbox.kind": "http", "sandbox.url": service.url}).sandbox.url == service.url
+
+
+@pytest.mark.integrity
+def test_code_run_through_the_service_can_neither_reach_it_nor_read_its_token(service, box):
+    """A policy's code, run by the service, tries what would let it run code outside the limits or
+    forge results: call the service itself on its own port, and read the shared secret the
+    service was started with. It has no network and the secret is not in its environment."""
+    port = service.url.rsplit(":", 1)[1]
+    result = box.run_python(
+        "import os, socket\n"
+        f"print('token' if any('{TOKEN}' in v for v in os.environ.values()) else 'no token')\n"
+        f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    print('reached the service')\n"
+        "except OSError as exc:\n    print('unreachable', type(exc).__name__)\n")
+    assert result.ok, result
+    assert "no token" in result.stdout and "unreachable" in result.stdout and "reached the service" not in result.stdout

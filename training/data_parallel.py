@@ -66,7 +66,8 @@ class DataParallel:
 
     def map_sharded(self, items: list[T], fn: Callable[[list[T]], list[R]]) -> list[R]:
         """fn over the whole list, each rank computing its share: [fn(items)[i] for i] on every rank."""
-        return self.gather(fn(self.mine(items)) if self.mine(items) else [])
+        mine = self.mine(items)
+        return self.gather(fn(mine) if mine else [])
 
 
 def interleave(shares: list[list]) -> list:
