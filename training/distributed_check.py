@@ -159,7 +159,13 @@ def main(argv: list[str] | None = None) -> None:
     cfg = EngineConfig(kind=args.engine, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
                        micro_batch_size=args.micro_batch_size, precision=args.precision, logit_chunk_tokens=args.logit_chunk_tokens)
     summary, state = run_check(cfg, steps=args.steps, num_rows=args.rows, loss=args.loss, dtype=DTYPES[args.dtype])
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if torch.distributed.is_initialized():
+        # Ranks leave together and close the group: a gloo group left open at exit sometimes aborts
+        # a rank in its destructor ("terminate called without an active exception", exit -6).
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    if rank != 0:
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, args.out.with_suffix(".pt"))
