@@ -7,6 +7,7 @@ import torch
 from dagster import AssetExecutionContext, AutomationCondition, MetadataValue, Output, asset
 
 from assets.artifacts import MANIFEST, read_manifest
+from assets.data import search_retriever
 from assets.launcher import JobLauncher
 from assets.locks import round_lock
 from assets.plots import bars_png, markdown_image
@@ -18,7 +19,8 @@ from assets.tracking import CHALLENGER, CHAMPION, ChampionChanged, MLflowTracker
 from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.data_parallel import DataParallel
-from training.evaluate import evaluate_policy, promotion_decision, summarize
+from training.chat import prompt_ids
+from training.evaluate import evaluate_policy, promotion_decision, suite_summary, summarize
 from training.rollout_engines import build_rollout_engine
 from verifiers.cascade import Cascade
 
@@ -33,21 +35,47 @@ def evaluate_checkpoint(cfg, storage: ArtifactStore, sandbox: SandboxResource, p
     model, tok = load_checkpoint(storage, pointer, cfg.model.dtype, cfg.device)
     bench = cfg.benchmark
     dp = DataParallel.current()
-    mine = dp.mine(task_rows)
+    mine = dp.mine([t for t in task_rows if t["split"] not in bench.suites])  # the held-out tasks: the gate's
     kb = kb_from_rows(kb_rows)
     with sandbox.open() as box:
-        tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
+        tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k, retriever=search_retriever(storage, kb))
         cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
         common = dict(tools=tools, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
         engine = build_rollout_engine(cfg.rollout, model, tok, seed=cfg.seed)
         try:
             sampled = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=bench.samples_per_task, greedy=False, **common))
             greedy = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=1, greedy=True, **common)) if bench.greedy else None
+            suites = {name: evaluate_suite(cfg, name, [t for t in task_rows if t["split"] == name], engine, tok, tools, box, dp)
+                      for name in bench.suites}
         finally:
             engine.close()
     summary = summarize(sampled, bench.confidence, bench.pass_at_k)
     summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"] if greedy is not None else float("nan")
+    for figures in suites.values():
+        summary.update(figures)
     return summary, {r["task_id"]: r["score"] for r in sampled}
+
+
+def evaluate_suite(cfg, name: str, tasks: list[dict], engine, tok, tools, box, dp: DataParallel) -> dict[str, float]:
+    """A `benchmark.suites` entry: its own budgets, samples and verifier. A prompt that does not
+    leave room for an answer within the budget is scored 0 and counted (`<name>.over_budget`),
+    not run: the model never sees a prompt it cannot answer, and the figure says how many."""
+    suite = cfg.benchmark.suites[name]
+    budgets = {"max_total_tokens": suite.max_total_tokens, "max_new_tokens_per_turn": suite.max_new_tokens_per_turn}
+    rollout = cfg.rollout.model_copy(update={k: v for k, v in budgets.items() if v is not None})
+    reward = cfg.reward
+    if suite.verifier is not None:
+        reward = reward.model_copy(update={"verifiers": {**reward.verifiers, **{t["family"]: suite.verifier for t in tasks}}})
+    room = min(rollout.max_new_tokens_per_turn, 8)  # an answer needs a few tokens at least
+    fits = [t for t in tasks if len(prompt_ids(tok, t, rollout.system_prompt)) + room <= rollout.max_total_tokens]
+    cascade = Cascade(reward, box, concurrency=cfg.sandbox.pool_size)
+    rows = dp.gather(evaluate_policy(engine, tok, dp.mine(fits), tools=tools, rollout=rollout, cascade=cascade, seed=cfg.seed,
+                                     batch_size=cfg.benchmark.batch_size, temperature=cfg.benchmark.temperature,
+                                     samples_per_task=suite.samples_per_task, greedy=False))
+    fitting = {t["task_id"] for t in fits}
+    rows += [{"task_id": t["task_id"], "family": t["family"], "level": int(t["level"]), "score": 0.0, "samples": suite.samples_per_task,
+              "solved": 0, "tool_call_rate": 0.0, "turns": 0.0} for t in tasks if t["task_id"] not in fitting]
+    return suite_summary(name, rows, len(tasks) - len(fits), cfg.benchmark.confidence, suite.pass_at_k)
 
 
 def score_checkpoint(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
@@ -118,10 +146,20 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
             "by_family": MetadataValue.md(pd.DataFrame({f: {m: summary[f"{f}/{m}"] for m in ("pass_at_1", "pass_at_1_ci_low", "pass_at_1_ci_high", "tool_call_rate")}
                                                         for f in families}).T.to_markdown()),
             "by_level": MetadataValue.md(level_table.pivot(index="family_level", columns="metric", values="value").to_markdown()),
+            **suite_metadata(summary, bench.suites),
             "pass_at_1_by_version": markdown_image(png, "pass@1 by version"),
             "benchmark_table": MetadataValue.md(table),
         },
     )
+
+
+def suite_metadata(summary: dict, suites: dict) -> dict:
+    """`<suite>_pass_at_1` and a table of every suite's figures (pass@1 and pass@k with CIs, tasks,
+    prompts over budget) for the Dagster UI; MLflow has them as `<suite>.<metric>`."""
+    if not suites:
+        return {}
+    table = pd.DataFrame({name: {m.removeprefix(name + "."): v for m, v in summary.items() if m.startswith(name + ".")} for name in suites}).T
+    return {**{f"{name}_pass_at_1": summary[f"{name}.pass_at_1"] for name in suites}, "suites": MetadataValue.md(table.to_markdown(floatfmt=".3f"))}
 
 
 def apply_gate(tracker: MLflowTracker, version: str, compared: str | None, decision: dict) -> tuple[dict, str]:
@@ -168,6 +206,7 @@ def base_benchmark_scores(context: AssetExecutionContext, settings: FlywheelSett
         "pass_at_1": summary["pass_at_1"], "pass_at_1_ci": f"[{summary['pass_at_1_ci_low']:.3f}, {summary['pass_at_1_ci_high']:.3f}]",
         "tool_call_rate": summary["tool_call_rate"], "mlflow_run": tracker.run_link(run_id),
         **{f"{f}_pass_at_1": summary[f"{f}/pass_at_1"] for f in families},
+        **suite_metadata(summary, settings.config.benchmark.suites),
     })
 
 

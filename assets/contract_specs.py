@@ -90,10 +90,16 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
     ),
     "knowledge_base": (
         _Col("name", "str", unique=True, nonblank=True),
-        _Col("type", "str", value_set=("person", "company", "city", "country")),
+        _Col("type", "str", value_set=("person", "company", "city", "country", "document")),  # document: a user's corpus
         _Col("relations", "str", json=True),
         _Col("doc_id", "str"),
+        _Col("title", "str"),
         _Col("text", "str"),
+    ),
+    "search_index": (  # one row per indexed passage (assets/data.py, search_index)
+        _Col("doc_id", "str", unique=True, nonblank=True),
+        _Col("terms", "int", min_value=1),  # a passage with no indexable term can never be found
+        _Col("self_rank", "int", min_value=0),  # its rank when its own text is the query (0: not in the top k)
     ),
     "task_pool": (
         _Col("task_id", "str", unique=True, nonblank=True),

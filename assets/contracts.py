@@ -57,7 +57,7 @@ from assets.contract_specs import (
     _SPECS,
     CONTRACT_COLUMNS,
     CONTRACTS,
-    SPLITS,  # noqa: F401  (re-exported: module attribute of assets.contracts before the split)
+    SPLITS,
     STOP_REASONS,  # noqa: F401  (re-exported, likewise)
     ContractFailure,
     ContractReport,
@@ -87,6 +87,7 @@ def _build_expectations(
     derived: frozenset[str],
     families: tuple[str, ...],
     max_level: int,
+    splits: tuple[str, ...] = SPLITS,
 ) -> list[Any]:
     import great_expectations.expectations as gxe
 
@@ -114,7 +115,7 @@ def _build_expectations(
             if col.unique:
                 exps.append(gxe.ExpectColumnValuesToBeUnique(column=name))
             if col.value_set is not None:
-                value_set = families if col.value_set == _FAMILIES else col.value_set
+                value_set = families if col.value_set == _FAMILIES else splits if col.value_set == SPLITS else col.value_set
                 exps.append(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(value_set)))
             if col.min_value is not None or col.max_value is not None:
                 max_value = max_level if col.max_value == _MAX_LEVEL else col.max_value
@@ -332,6 +333,7 @@ def validate_contract(
     *,
     families: Iterable[str] = ("arithmetic",),
     max_level: int = 4,
+    splits: Iterable[str] = SPLITS,
 ) -> ContractReport:
     """Validate ``df`` against ``contract`` with Great Expectations and summarise the result."""
     if contract not in _SPECS:
@@ -346,7 +348,8 @@ def validate_contract(
 
     present = frozenset(str(c) for c in df.columns)
     derived_names = frozenset(derived.columns)
-    key = (contract, families_t, max_level, present & set(CONTRACT_COLUMNS[contract]), derived_names)
+    splits_t = tuple(sorted(set(splits)))
+    key = (contract, families_t, max_level, splits_t, present & set(CONTRACT_COLUMNS[contract]), derived_names)
     if contract in _EXACT_COLUMNS:
         key = (*key, present)  # the exact column-set expectation depends on every column
 
@@ -354,7 +357,7 @@ def validate_contract(
         rt = _runtime()
         suite = rt.suite(
             key,
-            lambda: _build_expectations(contract, present, derived_names, families_t, max_level),
+            lambda: _build_expectations(contract, present, derived_names, families_t, max_level, splits_t),
         )
         order = {e.id: i for i, e in enumerate(suite.expectations)}
         result = rt.validate(frame, suite)
@@ -402,7 +405,7 @@ def contract_check(
     contract: str,
     *,
     partitions_def: Any = None,
-    families: Iterable[str] = ("arithmetic",),
+    families: Iterable[str] | None = ("arithmetic",),
     max_level: int = 4,
     name: str | None = None,
 ) -> AssetChecksDefinition:
@@ -412,15 +415,19 @@ def contract_check(
     ``"training_tasks"``, a key path, an ``AssetKey`` or the asset definition). The asset's value
     is loaded by the asset's IO manager (for a partitioned asset, pass the asset's
     ``partitions_def`` so the check runs per partition on that partition's value).
+
+    ``families=None``: the task families registered when the check runs, after the ``settings``
+    resource's config has imported its own (environments/family.py), and the highest of their
+    levels as ``max_level``; a family added by a module is then accepted without editing this.
     """
     if contract not in _SPECS:
         raise _unknown_contract(contract)
-    families_t: tuple[str, ...] = tuple(families)
-    if isinstance(families, str):
-        families_t = (families,)
+    families_t: tuple[str, ...] | None = None if families is None else (families,) if isinstance(families, str) else tuple(families)
     check_kwargs: dict[str, Any] = {}
     if partitions_def is not None:
         check_kwargs["partitions_def"] = partitions_def
+    if families_t is None:
+        check_kwargs["required_resource_keys"] = {"settings"}
 
     @asset_check(
         asset=asset_key,
@@ -428,7 +435,8 @@ def contract_check(
         blocking=True,
         description=(
             f"Great Expectations '{contract}' data contract "
-            f"(families={list(families_t)}, max_level={max_level}); blocks downstream assets on failure."
+            + (f"(families={list(families_t)}, max_level={max_level})" if families_t is not None else "(the registered task families)")
+            + "; blocks downstream assets on failure."
         ),
         metadata={"contract": contract},
         **check_kwargs,
@@ -437,7 +445,15 @@ def contract_check(
         # ``frame`` is the checked asset's value: @asset_check binds the single non-context
         # parameter to the target asset regardless of its name. (No annotations: with postponed
         # evaluation Dagster would see the context annotation as a string and reject it.)
-        report = validate_contract(contract, frame, families=families_t, max_level=max_level)
+        if families_t is None:
+            from environments.family import FAMILIES, get_family  # noqa: PLC0415 (only the task contracts need it)
+
+            context.resources.settings.config  # imports the config's own family modules  # noqa: B018
+            names = tuple(FAMILIES.names())
+            splits = (*SPLITS, *context.resources.settings.config.benchmark.suites)
+            report = validate_contract(contract, frame, families=names, max_level=max(max(get_family(n).levels) for n in names), splits=splits)
+        else:
+            report = validate_contract(contract, frame, families=families_t, max_level=max_level)
         description = report.message() or "all expectations met"
         if not report.success:
             context.log.error(description)

@@ -34,6 +34,7 @@ from assets.resources import ArtifactStore, SandboxResource
 from assets.rl import fit_round, round_log_line, store_round_result
 from assets.sft import fit_sft, records, sft_log_line
 from configs import load_profile
+from environments.family import resolve_families
 from training.engines import DIST_ENV
 
 
@@ -48,7 +49,7 @@ class Report:
 def job_config(extras: dict):
     """The profile as the step resolved it. On CPU, ranks on one machine share its cores: each
     gets its share of `threads`, or they would oversubscribe the cores and all slow down."""
-    cfg = load_profile(extras["profile"], json.loads(extras["overrides_json"]))
+    cfg = resolve_families(load_profile(extras["profile"], json.loads(extras["overrides_json"])))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if cfg.device == "cpu" and local > 1:
         cfg = cfg.model_copy(update={"threads": max(1, cfg.threads // local)})

@@ -25,6 +25,7 @@ from assets.artifacts import (MANIFEST, CorruptArtifact, atomic_folder, build_ma
                               replace_dir, verify_folder, write_json_atomic)
 from configs import FlywheelConfig, load_profile
 from configs.schema import SandboxConfig
+from environments.family import resolve_families
 
 
 class FlywheelSettings(ConfigurableResource):
@@ -35,7 +36,7 @@ class FlywheelSettings(ConfigurableResource):
 
     @property
     def config(self) -> FlywheelConfig:
-        return load_profile(self.profile, json.loads(self.overrides_json))
+        return resolve_families(load_profile(self.profile, json.loads(self.overrides_json)))
 
     def provenance(self, run_id: str | None) -> dict[str, Any]:
         """What an artifact's manifest records about who made it (assets/artifacts.py)."""
@@ -119,6 +120,7 @@ class SandboxResource(ConfigurableResource):
     memory_mb: int = 256
     max_processes: int = 8
     max_files: int = 10_000
+    max_output_bytes: int = 65_536
     url: str | None = None  # the sandbox service (kind http)
     token_env: str = "FLYWHEEL_SANDBOX_TOKEN"  # its shared secret is read from here when the sandbox opens
 
@@ -131,7 +133,7 @@ class SandboxResource(ConfigurableResource):
         from verifiers.sandbox import SandboxLimits, make_sandbox
 
         limits = SandboxLimits(timeout_s=self.timeout_s, cpu_s=max(1, int(self.timeout_s)), memory_mb=self.memory_mb, max_processes=self.max_processes,
-                               max_files=self.max_files)
+                               max_files=self.max_files, max_output_bytes=self.max_output_bytes)
         sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image, url=self.url, token=self._token())
         try:
             yield sandbox

@@ -21,8 +21,8 @@ from dagster import (
 )
 
 from assets.contracts import contract_check
-from assets.data import MAX_LEVEL
 from assets.io import read_stored_frame
+from assets.data import search_retriever
 from assets.launcher import JobLauncher
 from assets.locks import round_lock
 from assets.plots import curves_png, markdown_image
@@ -31,7 +31,7 @@ from assets.reports import sample_trajectories_md
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.sft import load_checkpoint, records
 from assets.tracking import CHAMPION, MLflowTracker
-from configs.schema import FAMILY_LEVELS, CollapseConfig
+from configs.schema import CollapseConfig
 from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.curriculum import pool_frame, pool_weights, update_history
@@ -123,7 +123,9 @@ def fit_round(cfg, storage: ArtifactStore, sandbox: SandboxResource, init: dict,
     # Resumable state lives on local disk next to the artifact cache: a re-executed round continues from it.
     state_dir = Path(storage.cache_dir) / "rl-state" / f"round-{round_index}"
     with sandbox.open() as box:
-        result = train_round(policy, reference, tok, tasks, build_tools(sandbox=box, kb=kb_from_rows(knowledge_base), top_k=cfg.data.knowledge_base.top_k),
+        kb = kb_from_rows(knowledge_base)
+        tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k, retriever=search_retriever(storage, kb))
+        result = train_round(policy, reference, tok, tasks, tools,
                              rl=cfg.rl, rollout=cfg.rollout, cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=round_index,
                              policy_version=init_version, seed=cfg.seed * 1000 + round_index, on_step=on_step, task_weights=weights, engine_cfg=cfg.engine,
                              state_dir=state_dir, device=cfg.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
@@ -248,5 +250,5 @@ def rl_round_health(settings: FlywheelSettings, rl_checkpoint: dict) -> AssetChe
                             description=report.to_markdown(), metadata=report.as_metadata())
 
 
-task_pool_contract = contract_check("task_pool", "task_pool", partitions_def=rl_rounds, families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
-rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds, families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
+task_pool_contract = contract_check("task_pool", "task_pool", partitions_def=rl_rounds, families=None)
+rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds, families=None)

@@ -5,18 +5,19 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from dagster import AssetExecutionContext, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
 from assets.contracts import contract_check
+from assets.data import search_retriever
 from assets.launcher import JobLauncher
-from assets.data import MAX_LEVEL
 from assets.plots import curves_png, markdown_image
 from assets.policies import FLAKY_STEP_RETRY, GPU_POOL
 from assets.resources import ArtifactStore, FlywheelSettings, SandboxResource
 from assets.tracking import MLflowTracker
-from configs.schema import FAMILY_LEVELS
 from environments.families import build_tools
 from environments.search import kb_from_rows
+from environments.sft_files import load_sft_file
+from environments.task_files import TaskFileError
 from training.data_parallel import DataParallel
 from training.engines import resolve_device
 from training.lora import apply_lora, lora_summary, merged
@@ -24,7 +25,7 @@ from training.model import build_model, load_policy, load_tokenizer, num_paramet
 from training.model_sources import resolve_pretrained
 from training.sft import Example, train_sft
 from training.tokenizer import tag_tokens, train_tokenizer
-from training.trajectories import build_sft_trajectories, tokenizer_corpus
+from training.trajectories import build_sft_trajectories, file_trajectory_rows, tokenizer_corpus
 
 
 def records(df: pd.DataFrame) -> list[dict]:
@@ -69,16 +70,28 @@ def base_model(context: AssetExecutionContext, settings: FlywheelSettings, stora
     return {"uri": uri, "parameters": num_parameters(model)}
 
 
-@asset(group_name="sft", retry_policy=FLAKY_STEP_RETRY, description="Teacher trajectories (tool calls run in the sandbox), tokenized with tool_mask.")
+@asset(group_name="sft", retry_policy=FLAKY_STEP_RETRY, deps=["search_index"],
+       description="Teacher trajectories (tool calls run in the sandbox), and those of data.sft_file (chat messages), tokenized with tool_mask.")
 def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
                      training_tasks: pd.DataFrame, tokenizer: dict, knowledge_base: pd.DataFrame) -> pd.DataFrame:
     cfg = settings.config
+    try:  # first: a bad file stops here, naming row and field, and is not retried (it would fail the same way)
+        from_file = load_sft_file(cfg.data.sft_file) if cfg.data.sft_file else []
+    except (TaskFileError, FileNotFoundError) as exc:
+        raise Failure(description=str(exc), allow_retries=False) from exc
     tok = load_tokenizer(storage.local_path(tokenizer["uri"]))
-    kb = kb_from_rows(records(knowledge_base))
-    with sandbox.open() as box:
-        rows = build_sft_trajectories(records(training_tasks), tok, build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k),
-                                      teacher=cfg.teacher, seed=cfg.seed, kb=kb, system_prompt=cfg.rollout.system_prompt)
+    rows = []
+    if not (from_file and cfg.data.sft_file_mode == "replace"):
+        kb = kb_from_rows(records(knowledge_base))
+        with sandbox.open() as box:
+            tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k, retriever=search_retriever(storage, kb))
+            rows = build_sft_trajectories(records(training_tasks), tok, tools,
+                                          teacher=cfg.teacher, seed=cfg.seed, kb=kb, system_prompt=cfg.rollout.system_prompt)
+    rows += file_trajectory_rows(from_file, tok, system_prompt=cfg.rollout.system_prompt)
     df = pd.DataFrame(rows)
+    if from_file:
+        context.add_output_metadata({"source": f"{cfg.data.sft_file} ({cfg.data.sft_file_mode})", "rows_from_file": len(from_file),
+                                     "file_system_messages_not_used": sum(t.replaced_system for t in from_file)})
     mix = df.groupby(["family", "level", "strategy"]).size().unstack(fill_value=0)
     lengths = (df["prompt_ids"].map(len) + df["completion_ids"].map(len)).describe(percentiles=[0.5, 0.9, 0.99])
     context.add_output_metadata({
@@ -90,7 +103,7 @@ def sft_trajectories(context: AssetExecutionContext, settings: FlywheelSettings,
     return df
 
 
-sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=tuple(FAMILY_LEVELS), max_level=MAX_LEVEL)
+sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=None)
 
 
 def fit_sft(cfg, storage: ArtifactStore, base_model: dict, trajectories: pd.DataFrame, on_log, provenance: dict | None = None) -> dict:

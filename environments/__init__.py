@@ -1,5 +1,7 @@
-"""Task families and their tools: arithmetic and code with the interpreter, search with BM25 (families.py)."""
+"""Task families and their tools: arithmetic and code with the interpreter, search with BM25.
 
-# Family -> the tools its episodes offer (names of `verifiers.protocol.TOOL_TAGS`). The reward's
-# tool-use term penalizes calls to anything else.
-TOOLS_BY_FAMILY: dict[str, tuple[str, ...]] = {"arithmetic": ("code",), "search": ("search",), "code": ("code",)}
+Each family is one module registering a `TaskFamily` (environments/family.py); importing this
+package registers the built-in three.
+"""
+
+from environments import arithmetic, code, search  # noqa: F401  (register the built-in families)

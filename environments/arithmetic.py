@@ -22,10 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from configs.schema import VerifierSpec
 from environments.base import TASK_COLUMNS, Demonstration, Step, draw_distinct_tasks  # noqa: F401  (TASK_COLUMNS re-exported)
+from environments.family import TaskFamily, register_family
+from environments.tools import wrap_observation
 from verifiers.protocol import ANSWER_CLOSE, ANSWER_OPEN, CODE_CLOSE, CODE_OPEN
 
 FAMILY = "arithmetic"
@@ -288,3 +294,41 @@ def code_turn(code: str) -> str:
 
 def answer_turn(answer: str) -> str:
     return f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
+# ---------------------------------------------------------------- the family
+
+
+class ArithmeticTeacher(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    p_direct: float = Field(0.6, ge=0.0, le=1.0, description="Probability the teacher answers without the tool.")
+    hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where a direct (mental) answer is wrong.")
+
+
+class Arithmetic(TaskFamily):
+    name, levels, default_levels, tools = FAMILY, LEVELS, DEFAULT_LEVELS, ("code",)
+    default_verifier = VerifierSpec(name="math", params={"rel_tol": 1e-6})
+    teacher_params = ArithmeticTeacher
+
+    def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
+        return generate_tasks(n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
+
+    def demonstrations(self, tasks, n, *, seed, teacher, kb):
+        return demonstrations(tasks, n, seed=seed, p_direct=teacher.p_direct, hard_levels=teacher.hard_levels)
+
+    def detour_steps(self, task, kind, rng, kb):
+        # negative: an unclosed print (a SyntaxError comes back); alternatives: the first operation alone
+        expression = json.loads(task.get("metadata") or "{}").get("expression", str(task["answer"]))
+        if kind == "negative":
+            return (Step("code", f"print({expression}", trained=False),)
+        first = re.search(r"\d+[-+*]\d+", expression)  # search: a word problem's may open with "("
+        return (Step("code", f"print({first.group() if first else expression})", trained=False),)
+
+    def tokenizer_texts(self, task):
+        answer = str(task["answer"])
+        expression = json.loads(task["metadata"] or "{}").get("expression", answer)  # user files may omit it
+        yield task["prompt"] + code_turn(f"print({expression})") + wrap_observation(answer + "\n") + answer_turn(answer)
+
+
+register_family(Arithmetic())

@@ -5,6 +5,7 @@ Levels (each task is `def f(x)` or `def f(xs)` with a one-line body, in one cano
   2. two operations           x times 3 minus 2                      x*3-2
   3. a condition              x plus 4 if x is even else x minus 1   x+4 if x%2==0 else x-1
   4. a list aggregate         the count of xs above 3                len([x for x in xs if x>3])
+  5. a problem from a file    HumanEval, MBPP (environments/problem_files.py); never generated
 
 Two-operation tasks only pair operations whose left-to-right reading is Python's precedence
 (no "x plus 3 times 2"), so the English is never ambiguous. Where a task has a single operation
@@ -28,10 +29,18 @@ import random
 import re
 from typing import Callable, Iterable, Iterator
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from configs.schema import VerifierSpec
 from environments.base import TASK_COLUMNS, Demonstration, Step, draw_distinct_tasks
+from environments.family import TaskFamily, register_family
+from verifiers.code_tests import code_task_check
+from verifiers.protocol import ANSWER_CLOSE, ANSWER_OPEN, CODE_CLOSE, CODE_OPEN
 
 FAMILY = "code"
-LEVELS = (1, 2, 3, 4)
+LEVELS = (1, 2, 3, 4, 5)
+GENERATED_LEVELS = (1, 2, 3, 4)
+FILE_LEVEL = 5  # function-completion problems read from a file: their teacher answers with the reference
 ENTRY_POINT = "f"
 N_VISIBLE, N_HELD_OUT = 3, 3
 EXAMPLE_INPUTS = {"x": 3, "xs": [1, 2, 3]}  # the teacher's test step prints f(example)
@@ -152,7 +161,7 @@ def generate_tasks(
     *,
     seed: int,
     split: str,
-    levels: Iterable[int] = LEVELS,
+    levels: Iterable[int] = GENERATED_LEVELS,
     level_weights: Iterable[float] | None = None,
     exclude_ids: frozenset[str] = frozenset(),
 ) -> list[dict]:
@@ -198,6 +207,8 @@ def near_misses(task: dict) -> list[str]:
 
 def demonstrate(task: dict, *, rng: random.Random, p_direct: float, hard_levels: Iterable[int]) -> Demonstration:
     source = task["answer"]
+    if task["level"] == FILE_LEVEL:  # a problem file's reference solution, written out
+        return Demonstration(task["task_id"], "reference", (), source, bool(source.strip()))
     if rng.random() >= p_direct:
         example = EXAMPLE_INPUTS["xs" if f"{ENTRY_POINT}(xs)" in source else "x"]
         step = Step("code", f"{source}\nprint({ENTRY_POINT}({example!r}))")
@@ -214,3 +225,49 @@ def demonstrations(tasks: list[dict], n: int, *, seed: int, p_direct: float, har
     hard = tuple(hard_levels)
     for i in range(n):
         yield demonstrate(tasks[i % len(tasks)], rng=rng, p_direct=p_direct, hard_levels=hard)
+
+
+# ---------------------------------------------------------------- the family
+
+
+class CodeTeacher(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    p_direct: float = Field(0.5, ge=0.0, le=1.0, description="Probability of answering without running the code first.")
+    hard_levels: tuple[int, ...] = Field((3, 4), description="Levels where an untested answer is a near miss.")
+
+
+class Code(TaskFamily):
+    name, levels, default_levels, tools = FAMILY, LEVELS, GENERATED_LEVELS, ("code",)
+    file_levels = (FILE_LEVEL,)
+    default_verifier = VerifierSpec(name="unit_tests", params={"mode": "fraction"})
+    teacher_params = CodeTeacher
+
+    def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
+        return generate_tasks(n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
+
+    def demonstrations(self, tasks, n, *, seed, teacher, kb):
+        return demonstrations(tasks, n, seed=seed, p_direct=teacher.p_direct, hard_levels=teacher.hard_levels)
+
+    def detour_steps(self, task, kind, rng, kb):
+        # negative: a near miss run on the example; alternatives: a near miss, or the reference on another input
+        if task["level"] == FILE_LEVEL:
+            return ()
+        wrong = near_misses(task)
+        example = EXAMPLE_INPUTS["xs" if f"{ENTRY_POINT}(xs)" in task["answer"] else "x"]
+        if wrong:
+            return (Step("code", f"{rng.choice(wrong)}\nprint({ENTRY_POINT}({example!r}))", trained=False),)
+        other = [4, 5, 6] if isinstance(example, list) else 7
+        return (Step("code", f"{task['answer']}\nprint({ENTRY_POINT}({other!r}))", trained=False),) if kind == "alternatives" else ()
+
+    def tokenizer_texts(self, task):
+        answer = str(task["answer"])
+        yield task["prompt"] + f"{CODE_OPEN}{answer}\nprint(f(3)){CODE_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+    def row_problem(self, task):
+        if not {"entry_point", "tests"} <= set(task):
+            return "needs metadata entry_point and tests"
+        return code_task_check(task)
+
+
+register_family(Code())

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from environments.arithmetic import answer_turn  # noqa: F401 - re-exported: the same <answer> turn
+from pydantic import BaseModel, ConfigDict, Field
+
+from configs.schema import VerifierSpec
 from environments.base import Demonstration, Step
+from environments.family import TaskFamily, register_family
+from environments.retrieval import BM25Retriever, Retriever
 from environments.tools import ToolResult
 from verifiers.protocol import SEARCH_CLOSE, SEARCH_OPEN
 
@@ -121,14 +126,15 @@ def generate_kb(seed: int, *, n_people: int, n_companies: int, n_cities: int, n_
 
 
 def kb_to_rows(kb: KnowledgeBase) -> list[dict]:
-    """One row per entity (name, type, relations as JSON, its document or "" when it has none)."""
+    """One row per entity (name, type, relations as JSON, its document or "" when it has none; the
+    title is the name: environments/corpus.py writes rows of the same shape for a user's corpus)."""
     docs = {d["title"]: d for d in kb.documents}
     own: dict[str, dict[str, str]] = {name: {} for name in kb.entities}
     for (subject, relation), obj in kb.relations.items():
         own[subject][relation] = obj
     return [
         {"name": name, "type": kind, "relations": json.dumps(own[name]),
-         "doc_id": docs.get(name, {}).get("doc_id", ""), "text": docs.get(name, {}).get("text", "")}
+         "doc_id": docs.get(name, {}).get("doc_id", ""), "title": name, "text": docs.get(name, {}).get("text", "")}
         for name, kind in kb.entities.items()
     ]
 
@@ -136,7 +142,7 @@ def kb_to_rows(kb: KnowledgeBase) -> list[dict]:
 def kb_from_rows(rows: Iterable[dict]) -> KnowledgeBase:
     rows = list(rows)
     relations = {(row["name"], r): o for row in rows for r, o in json.loads(row["relations"]).items()}
-    documents = [{"doc_id": row["doc_id"], "title": row["name"], "text": row["text"]} for row in rows if row["doc_id"]]
+    documents = [{"doc_id": row["doc_id"], "title": row.get("title") or row["name"], "text": row["text"]} for row in rows if row["doc_id"]]
     return KnowledgeBase({row["name"]: row["type"] for row in rows}, relations, documents)
 
 
@@ -207,33 +213,34 @@ def generate_tasks(
 # ---------------------------------------------------------------- the search tool
 
 
+def passage(document: dict) -> str:
+    """What the tool returns for a document: its text, led by its title when the text does not
+    already name it (a user's corpus; the generated documents state their entity's name)."""
+    title, text = document.get("title") or "", document["text"]
+    return text if not title or title in text else f"{title}: {text}"
+
+
 class SearchTool:
-    """BM25 over the KB documents (bm25s); the index is built once and queried in batches."""
+    """A retriever over the documents' passages (BM25 unless given one: environments/retrieval.py),
+    queried in batches; the top_k passages that match come back."""
 
     name = TOOL
 
-    def __init__(self, documents: list[dict], top_k: int = 1, max_query_chars: int = MAX_QUERY_CHARS):
-        import bm25s  # lazy: tasks and the teacher import without the retriever
-
+    def __init__(self, documents: list[dict], top_k: int = 1, max_query_chars: int = MAX_QUERY_CHARS, retriever: Retriever | None = None):
         if not documents or top_k < 1:
             raise ValueError("SearchTool needs documents and top_k >= 1")
-        self._bm25s = bm25s
-        self.texts = [d["text"] for d in documents]
+        self.texts = [passage(d) for d in documents]
         self.top_k = min(top_k, len(self.texts))
         self.max_query_chars = max_query_chars
-        self.index = bm25s.BM25()
-        self.index.index(self._tokenize(self.texts), show_progress=False)
-
-    def _tokenize(self, texts: list[str]) -> list[list[str]]:
-        # Strings, not ids: retrieve() maps them through the index's vocabulary and ignores unknowns.
-        return self._bm25s.tokenize(texts, stopwords="en", show_progress=False, return_ids=False)
+        self.retriever = retriever or BM25Retriever.build(self.texts)
+        if self.retriever.size != len(self.texts):
+            raise ValueError(f"the retriever indexes {self.retriever.size} passages; there are {len(self.texts)} documents")
 
     def call_many(self, queries: list[str]) -> list[ToolResult]:
         if not queries:
             return []
         start = time.perf_counter()
-        tokens = self._tokenize([q[: self.max_query_chars] for q in queries])
-        doc_ids, scores = self.index.retrieve(tokens, k=self.top_k, show_progress=False)
+        doc_ids, scores = self.retriever.retrieve([q[: self.max_query_chars] for q in queries], self.top_k)
         per_call = (time.perf_counter() - start) / len(queries)
         results = []
         for ids, row_scores in zip(doc_ids, scores):
@@ -260,7 +267,9 @@ def demonstrate(task: dict, kb: KnowledgeBase, *, rng: random.Random, p_direct: 
     entity it last read: the multi-hop shortcut RL has to unlearn."""
     if not (0 <= p_direct and 0 <= p_partial and p_direct + p_partial <= 1):
         raise ValueError(f"need probabilities with p_direct + p_partial <= 1, got {p_direct}, {p_partial}")
-    path = json.loads(task["metadata"])["path"]
+    path = json.loads(task["metadata"]).get("path")
+    if path is None:  # a user's question: no known path, so the teacher searches the question and gives the gold answer
+        return Demonstration(task["task_id"], "question", (Step(TOOL, task["prompt"].strip()),), task["answer"], True)
     gold, level, draw = task["answer"], task["level"], rng.random()
     if draw < p_direct:
         guess = rng.choice(kb.of_type(kb.entities[gold]))
@@ -278,3 +287,49 @@ def demonstrations(tasks: list[dict], kb: KnowledgeBase, n: int, *, seed: int, p
     rng = random.Random(seed)
     for i in range(n):
         yield demonstrate(tasks[i % len(tasks)], kb, rng=rng, p_direct=p_direct, p_partial=p_partial)
+
+
+# ---------------------------------------------------------------- the family
+
+
+class SearchTeacher(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    p_direct: float = Field(0.3, ge=0.0, le=1.0, description="Probability of guessing without searching (wrong).")
+    p_partial: float = Field(0.3, ge=0.0, le=1.0, description="Probability of stopping a hop early on 2-3 hop questions (wrong).")
+
+
+class Search(TaskFamily):
+    name, levels, tools = FAMILY, LEVELS, (TOOL,)
+    default_verifier = VerifierSpec(name="exact_match")
+    teacher_params = SearchTeacher
+    needs_kb = True
+
+    def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
+        if kb is None:
+            raise ValueError("the search family needs the knowledge base to generate tasks")
+        return generate_tasks(kb, n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
+
+    def demonstrations(self, tasks, n, *, seed, teacher, kb):
+        if kb is None:
+            raise ValueError("the search teacher needs the knowledge base")
+        return demonstrations(tasks, kb, n, seed=seed, p_direct=teacher.p_direct, p_partial=teacher.p_partial)
+
+    def detour_steps(self, task, kind, rng, kb):
+        # negative: the whole question as the query (BM25 finds something, rarely the right
+        # document); alternatives: other entities of the seed's type
+        path = json.loads(task["metadata"]).get("path")
+        if path is None:  # a user's question: no entities to detour through
+            return ()
+        if kind == "negative":
+            return (Step(TOOL, task["prompt"].strip().rstrip("?"), trained=False),)
+        seed = path[0]
+        others = [e for e in kb.of_type(kb.entities[seed]) if e != seed] if kb is not None else []
+        return tuple(Step(TOOL, name, trained=False) for name in rng.sample(others, min(2, len(others))))
+
+    def tokenizer_texts(self, task):
+        answer = str(task["answer"])
+        yield task["prompt"] + search_turn(answer) + answer_turn(answer)
+
+
+register_family(Search())

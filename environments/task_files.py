@@ -3,13 +3,14 @@
 Schema (one task per row; docs/task-families.md has examples):
 
     task_id   str, unique, non-empty
-    family    "arithmetic" | "search" | "code"
+    family    a registered task family: "arithmetic" | "search" | "code" | one of your own
     level     int, one of the family's levels
     prompt    str, non-empty, at most 4,000 characters, no protocol tags
     answer    str (arithmetic: a number; search: the answer text; code: a reference solution)
     split     str, optional (default "train")
-    metadata  JSON object or its text, optional; code tasks need {"entry_point", "tests"},
-              search tasks may give {"aliases": [...]} (other accepted answers)
+    metadata  JSON object or its text, optional; the family checks what it needs
+              (`TaskFamily.row_problem`): code tasks need {"entry_point", "tests"}, search tasks
+              may give {"aliases": [...]} (other accepted answers)
 
 Every bad row is reported with the file, the row number (1-based, as an editor shows lines) and
 the field, and nothing is trained on until the whole file is clean.
@@ -17,14 +18,16 @@ the field, and nothing is trained on until the whole file is clean.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import math
 
 import fsspec
 import pandas as pd
 
-from configs.schema import FAMILY_LEVELS
 from environments.base import TASK_COLUMNS
+from environments.family import FAMILIES, get_family
 from verifiers.protocol import TAGS
 
 MAX_PROMPT_CHARS = 4000
@@ -36,16 +39,20 @@ class TaskFileError(ValueError):
     """A task file that cannot be used; the message lists every problem found (up to 20)."""
 
 
-def read_rows(path: str) -> list[dict]:
-    """Rows of a .jsonl / .json lines or .parquet file (local path or URL fsspec understands)."""
+def read_rows(path: str, what: str = "task file") -> list[dict]:
+    """Rows of a JSON-lines (.jsonl, or gzipped .jsonl.gz) or .parquet file, local or any URL
+    fsspec understands; each row gets `_row`, its 1-based line. Every line that is not a JSON
+    object is reported (file, row) in one error. `what` names the file in messages."""
     fs, local = fsspec.core.url_to_fs(str(path))
     if not fs.exists(local):
-        raise FileNotFoundError(f"task file {path} does not exist")
+        raise FileNotFoundError(f"{what} {path} does not exist")
     if str(path).endswith(".parquet"):
         with fs.open(local, "rb") as f:
-            return pd.read_parquet(f).to_dict("records")
+            return [{**row, "_row": i} for i, row in enumerate(pd.read_parquet(f).to_dict("records"), start=1)]
     with fs.open(local, "rb") as f:
         raw = f.read()
+    if str(path).endswith(".gz"):
+        raw = gzip.decompress(raw)
     rows, problems = [], []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
@@ -63,7 +70,7 @@ def read_rows(path: str) -> list[dict]:
             continue
         rows.append({**row, "_row": number})
     if problems:
-        raise TaskFileError(_summary(path, problems))
+        raise TaskFileError(_summary(path, problems, what))
     return rows
 
 
@@ -75,13 +82,14 @@ def row_problems(row: dict, number: int) -> list[str]:
     if not isinstance(row["task_id"], str) or not row["task_id"].strip():
         out.append(f"row {number}: field 'task_id': expected a non-empty string, got {row['task_id']!r}")
     family = row["family"]
-    if family not in FAMILY_LEVELS:
-        out.append(f"row {number}: field 'family': {family!r} is not one of {sorted(FAMILY_LEVELS)}")
+    known = isinstance(family, str) and family in FAMILIES
+    if not known:
+        out.append(f"row {number}: field 'family': {family!r} is not one of {FAMILIES.names()}")
     level = row["level"]
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) or int(level) != level:
         out.append(f"row {number}: field 'level': expected an integer, got {level!r}")
-    elif family in FAMILY_LEVELS and int(level) not in FAMILY_LEVELS[family]:
-        out.append(f"row {number}: field 'level': {int(level)} is not a level of {family} {FAMILY_LEVELS[family]}")
+    elif known and int(level) not in get_family(family).levels:
+        out.append(f"row {number}: field 'level': {int(level)} is not a level of {family} {get_family(family).levels}")
     prompt = row["prompt"]
     if not isinstance(prompt, str) or not prompt.strip():
         out.append(f"row {number}: field 'prompt': expected non-empty text, got {str(prompt)[:40]!r}")
@@ -101,20 +109,47 @@ def row_problems(row: dict, number: int) -> list[str]:
         if not isinstance(meta, dict):
             out.append(f"row {number}: field 'metadata': expected a JSON object")
             meta = {}
-    if family == "code" and isinstance(meta, dict):
-        from verifiers.code_tests import code_task_check  # noqa: PLC0415 (only code rows need it)
-
-        reason = code_task_check({**meta, **row}) if {"entry_point", "tests"} <= set(meta) else "needs metadata entry_point and tests"
+    if known and isinstance(meta, dict):
+        reason = get_family(family).row_problem({**meta, **row})  # as task_view merges them
         if reason:
             out.append(f"row {number}: field 'metadata': {reason}")
     return out
 
 
+def question_row(row: dict) -> tuple[dict, list[str]]:
+    """A question-file row (Search-R1 / NQ: question + golden_answers; HotpotQA: question + answer)
+    as a search task row: the first golden answer is the answer, the others its aliases (exact
+    match and F1 take the best over all of them). `id` / `_id`, `level` (hops) and `split` are
+    kept when given; the task id is otherwise the question's hash."""
+    key = "golden_answers" if "golden_answers" in row else "answer"
+    number, golden = row["_row"], row.get(key)
+    golden = [golden] if isinstance(golden, str) else list(golden) if isinstance(golden, (list, tuple)) or hasattr(golden, "tolist") else golden
+    problems = []
+    if not isinstance(row.get("question"), str) or not row["question"].strip():
+        problems.append(f"row {number}: field 'question': expected non-empty text, got {row.get('question')!r:.60}")
+    if not isinstance(golden, list) or not golden or not all(isinstance(a, str) and a.strip() for a in golden):
+        problems.append(f"row {number}: field {key!r}: expected a non-empty list of non-empty strings, got {golden!r:.60}")
+    if problems:
+        return {}, problems
+    question = row["question"].strip()
+    given = row.get("id", row.get("_id"))
+    task_id = str(given) if given is not None and str(given).strip() else "question-" + hashlib.sha1(question.encode()).hexdigest()[:12]
+    return {"task_id": task_id, "family": "search", "level": row.get("level", 1), "prompt": question + "\n", "answer": golden[0],
+            "split": row.get("split"), "metadata": {"aliases": golden[1:], "question_file": True}, "_row": number}, []
+
+
 def load_task_file(path: str, default_split: str = "train") -> pd.DataFrame:
-    """The file's tasks as a frame with `TASK_COLUMNS`, or TaskFileError naming every bad row."""
+    """The file's tasks as a frame with `TASK_COLUMNS`, or TaskFileError naming every bad row.
+    Rows in the question-file shape (`question_row`) become search tasks."""
     rows = read_rows(path)
     problems, seen = [], {}
     for i, row in enumerate(rows, start=1):
+        if "question" in row and "family" not in row:
+            row, bad = question_row(row)
+            rows[i - 1] = row
+            if bad:
+                problems += bad
+                continue
         number = row.get("_row", i)
         problems += row_problems(row, number)
         task_id = row.get("task_id")
@@ -137,8 +172,8 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _summary(path, problems: list[str]) -> str:
+def _summary(path, problems: list[str], what: str = "task file") -> str:
     shown = problems[:MAX_REPORTED]
     more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""
-    return f"task file {path} has {len(problems)} problem(s):\n  " + "\n  ".join(shown) + more
+    return f"{what} {path} has {len(problems)} problem(s):\n  " + "\n  ".join(shown) + more
 

@@ -13,6 +13,7 @@ from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets import audit, benchmark, data, rl, sft
 from configs import load_profile
+from environments.family import resolve_families
 from pipelines.automation import build_automation
 from pipelines.resources import executor_for, resources_for
 
@@ -24,7 +25,7 @@ TASKS_JOB = "refresh_tasks_job"
 
 def build_definitions(profile: str | None = None, overrides: dict | None = None) -> Definitions:
     overrides = overrides if overrides is not None else json.loads(os.environ.get("FLYWHEEL_OVERRIDES", "{}"))
-    cfg = load_profile(profile, overrides)
+    cfg = resolve_families(load_profile(profile, overrides))
     limits = {"dagster/max_runtime": str(cfg.orchestration.max_runtime_s)}
     base = ("base_benchmark_scores",) if cfg.benchmark.include_base else ()  # the zero-shot baseline, for pretrained models
     foundation = define_asset_job(
@@ -47,13 +48,13 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
                                  description="Re-read the training tasks (data.task_file) and run their checks.", tags=limits)
     schedules, sensors = build_automation(cfg, rl_job, tasks_job)
 
-    assets = [data.knowledge_base, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
+    assets = [data.knowledge_base, data.search_index, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
               benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit]
     if base:
         assets.append(benchmark.base_benchmark_scores)
     return Definitions(
         assets=assets,
-        asset_checks=[data.knowledge_base_contract, data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
+        asset_checks=[data.knowledge_base_contract, data.search_index_contract, data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
                       sft.sft_trajectories_contract, rl.rollout_batches_contract, rl.task_pool_contract, rl.rl_round_health],
         jobs=[foundation, rl_job, audit_job, tasks_job],
         schedules=schedules,

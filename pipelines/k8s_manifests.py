@@ -146,7 +146,8 @@ def _service_container(cfg: FlywheelConfig, port: int, workers: int) -> dict[str
     # The service's limits are the profile's: the client compares them when it opens and refuses a mismatch.
     command = ["python", "-m", "verifiers.sandbox_service", "--host", "0.0.0.0", "--port", str(port), "--token-env", sandbox.token_env,
                "--pool-size", str(workers), "--timeout-s", str(sandbox.timeout_s), "--memory-mb", str(sandbox.memory_mb),
-               "--max-processes", str(sandbox.max_processes), "--max-files", str(sandbox.max_files)]
+               "--max-processes", str(sandbox.max_processes), "--max-files", str(sandbox.max_files),
+               "--max-output-bytes", str(sandbox.max_output_bytes)]
     return {
         "name": "sandbox",
         "image": _image(cfg.orchestration.k8s.image, "orchestration.k8s.image"),

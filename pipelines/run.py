@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from configs import ConfigError, flywheel_home, load_profile, parse_override
+from environments.family import resolve_families
 from pipelines.instance import LOCAL_SETTINGS
 
 
@@ -63,7 +64,7 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     """A new flywheel (foundation, then `rl.rounds` rounds); with `resume`, the last one continued:
     its failed or killed run re-executed from failure (completed steps are not run again), then
     the rounds it had still to run. Profile and overrides then come from that flywheel's runs."""
-    load_profile(profile, overrides)  # 1. validate before anything starts
+    resolve_families(load_profile(profile, overrides))  # 1. validate (family modules too) before anything starts
     home = flywheel_home()
     prepare_home(home)  # 2.
     from dagster import DagsterInstance, DagsterRunStatus
@@ -81,7 +82,7 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
         if not runs:
             raise SystemExit(f"[flywheel] nothing to resume: no flywheel has run in {home}")
         profile, overrides = runs[0].tags[PROFILE_TAG], json.loads(runs[0].tags[OVERRIDES_TAG])
-    cfg = load_profile(profile, overrides)
+    cfg = resolve_families(load_profile(profile, overrides))
     # what a re-execution's job is rebuilt from (pipelines/definitions.py), as the Dagster UI does
     os.environ["FLYWHEEL_PROFILE"], os.environ["FLYWHEEL_OVERRIDES"] = profile, json.dumps(overrides)
     defs = build_definitions(profile, overrides)
@@ -119,6 +120,7 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     final_scores, sft_per_task = (tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores))
     gain = paired_difference(final_scores, sft_per_task, cfg.benchmark.confidence)
     bench_tasks = defs.load_asset_value("benchmark_tasks", instance=instance)
+    bench_tasks = bench_tasks[~bench_tasks["split"].isin(list(cfg.benchmark.suites))]  # suites are reported apart, never in the gain
     family_of = dict(zip(bench_tasks["task_id"], bench_tasks["family"]))
     level_of = {t: f"{f} level_{int(lv)}" for t, f, lv in zip(bench_tasks["task_id"], bench_tasks["family"], bench_tasks["level"])}
     outcome = {"sft": sft_scores, "rounds": rounds, "gain": gain, "gains": paired_by(family_of, final_scores, sft_per_task, cfg.benchmark.confidence),
@@ -224,15 +226,16 @@ def failure_message(result, what: str) -> str:
 def report(outcome: dict) -> str:
     sft, rounds = outcome["sft"], outcome["rounds"]
     final = rounds[-1] if rounds else sft
-    rows = [("checkpoint", "version", "pass@1 (sampled) [95% CI]", "greedy", "tool-call rate", "gate")]
-    base = [("base (zero-shot)", outcome["base"])] if "base" in outcome else []
-    for label, s in base + [("SFT", sft)] + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]:
-        gate = ("promoted" if s["promoted"] else "not promoted") if "promoted" in s else "not registered"
-        rows.append((label, s.get("version", "-"), f"{s['pass_at_1']:.3f} [{s['pass_at_1_ci_low']:.3f}, {s['pass_at_1_ci_high']:.3f}]",
-                     f"{s['greedy_pass_at_1']:.3f}", f"{s['tool_call_rate']:.2f}", gate))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
     cfg, home = outcome["cfg"], outcome["home"]
+    ks = [k for k in cfg.benchmark.pass_at_k if f"pass_at_{k}" in final]
+    rows = [("checkpoint", "version", "pass@1 (sampled) [95% CI]", *(f"pass@{k} [95% CI]" for k in ks), "greedy", "tool-call rate", "gate")]
+    checkpoints = ([("base (zero-shot)", outcome["base"])] if "base" in outcome else []) + [("SFT", sft)] \
+        + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]
+    for label, s in checkpoints:
+        gate = ("promoted" if s["promoted"] else "not promoted") if "promoted" in s else "not registered"
+        rows.append((label, s.get("version", "-"), _with_ci(s, "pass_at_1"), *(_with_ci(s, f"pass_at_{k}") for k in ks),
+                     f"{s['greedy_pass_at_1']:.3f}", f"{s['tool_call_rate']:.2f}", gate))
+    table = _columns(rows)
     tracking = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow.db"
     return "\n".join([
         "", table, "",
@@ -240,10 +243,32 @@ def report(outcome: dict) -> str:
             *outcome["gain"], outcome["minutes"], outcome.get("peak_rss_gb", float("nan"))),
         *(["SFT - base pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI)".format(*outcome["base_gain"])] if "base_gain" in outcome else []),
         "", group_table(outcome), "",
+        *([suite_table(cfg.benchmark.suites, checkpoints), ""] if cfg.benchmark.suites else []),
         f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
         f"MLflow:   {tracking}   (make mlflow-ui, then http://localhost:5000)",
         f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",
     ])
+
+
+def _with_ci(s: dict, metric: str) -> str:
+    return f"{s[metric]:.3f} [{s[metric + '_ci_low']:.3f}, {s[metric + '_ci_high']:.3f}]" if metric in s else "-"
+
+
+def _columns(rows: list) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def suite_table(suites: dict, checkpoints: list[tuple[str, dict]]) -> str:
+    """Each benchmark suite (e.g. HumanEval) by checkpoint: pass@1 and pass@k with 95% CIs, and the
+    problems whose prompt did not fit the suite's budget (scored 0). Not part of the gate."""
+    rows = [("suite (not gated)", "checkpoint", "pass@1 [95% CI]", "pass@k [95% CI]", "tasks", "over budget")]
+    for name, suite in suites.items():
+        for label, s in checkpoints:
+            if f"{name}.pass_at_1" in s:
+                at_k = ", ".join(f"@{k} {_with_ci(s, f'{name}.pass_at_{k}')}" for k in suite.pass_at_k) or "-"
+                rows.append((name, label, _with_ci(s, f"{name}.pass_at_1"), at_k, f"{s[f'{name}.num_tasks']:.0f}", f"{s[f'{name}.over_budget']:.0f}"))
+    return _columns(rows)
 
 
 def group_table(outcome: dict) -> str:

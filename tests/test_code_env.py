@@ -9,7 +9,7 @@ import re
 import pytest
 
 from environments.base import TASK_COLUMNS, task_view
-from environments.code import (LEVELS, compile_solution, demonstrate, demonstrations, generate_tasks,
+from environments.code import (GENERATED_LEVELS, compile_solution, demonstrate, demonstrations, generate_tasks,
                                near_misses, visible_cases)
 from verifiers.base import run_verifier
 from verifiers.code_tests import code_precheck, code_task_check, parse_tests
@@ -30,7 +30,7 @@ def tasks():
 
 
 def sample_per_level(tasks, k=20):
-    return [t for level in LEVELS for t in [t for t in tasks if t["level"] == level][:k]]
+    return [t for level in GENERATED_LEVELS for t in [t for t in tasks if t["level"] == level][:k]]
 
 
 def score(candidate, task, groups, sandbox):
@@ -47,7 +47,7 @@ def test_columns_ids_and_determinism(tasks):
 
 
 def test_levels_follow_their_templates(tasks):
-    assert {t["level"] for t in tasks} == set(LEVELS)
+    assert {t["level"] for t in tasks} == set(GENERATED_LEVELS)
     for t in tasks:
         prompt_re, body_re = TEMPLATES[t["level"]]
         header, body = t["answer"].split("\n    return ")

@@ -287,7 +287,7 @@ def test_a_test_with_several_calls_is_replayed_until_it_ends(sandbox):
     assert run_harness(sandbox, CORRECT, tests) == ["PASS", "PASS", "PASS"]
     assert run_harness(sandbox, "def add(a, b):\n    return a + b if a < 3 else 0\n", tests) == [
         "AssertionError", "AssertionError", "PASS"]
-    many = [{"name": "many", "code": "for i in range(100):\n    add(i, i)", "group": "fail_to_pass"}]
+    many = [{"name": "many", "code": f"for i in range({MAX_CALLS_PER_TEST + 1}):\n    add(i, i)", "group": "fail_to_pass"}]
     assert run_harness(sandbox, CORRECT, many) == [f"more than {MAX_CALLS_PER_TEST} calls"]
 
 
@@ -355,7 +355,7 @@ def test_sandbox_failure_is_unscorable():
 
 def test_results_lost_to_the_output_limit_are_unscorable_not_failures(sandbox):
     tests = [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"}
-             for i in range(300)]  # 300 answer lines > the 4096-byte stdout limit
+             for i in range(6000)]  # 6,000 answer lines > the 64 KiB stdout limit
     verdict = verify(CORRECT, sandbox, {"entry_point": "add", "tests": tests})
     assert verdict.score is None and "output limit" in verdict.details
 

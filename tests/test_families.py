@@ -3,9 +3,9 @@ every family the teacher's own judgement of a trajectory equals what the reward 
 
 import pytest
 
-from configs.schema import FAMILY_LEVELS, RewardConfig, TeacherConfig
-from environments import TOOLS_BY_FAMILY
-from environments.families import MODULES, build_tools, generate_tasks, levels_of, mixture_counts
+from configs.schema import RewardConfig, TeacherConfig
+from environments.families import build_tools, generate_tasks, mixture_counts
+from environments.family import FAMILIES, get_family
 from environments.search import generate_kb
 from training.scoring import score_records
 from training.tokenizer import train_tokenizer
@@ -13,10 +13,13 @@ from training.trajectories import build_sft_trajectories, tokenizer_corpus
 from verifiers.cascade import Cascade
 
 
-def test_registries_agree():
-    assert set(MODULES) == set(FAMILY_LEVELS) == set(TOOLS_BY_FAMILY) == set(RewardConfig().verifiers)
+MODULES = ("arithmetic", "search", "code")
+
+
+def test_the_shipped_verifiers_are_the_families_defaults():
+    assert set(MODULES) <= set(FAMILIES.names()) and set(MODULES) == set(RewardConfig().verifiers)
     for family in MODULES:
-        assert levels_of(family) == FAMILY_LEVELS[family]
+        assert RewardConfig().verifiers[family] == get_family(family).default_verifier
 
 
 @pytest.mark.parametrize("mixture, expected", [(None, {"arithmetic": 50, "search": 25, "code": 25}),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LINEAGE = {"knowledge_base", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
+LINEAGE = {"knowledge_base", "search_index", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
            "sft_benchmark_scores", "rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"}
 ON_DEMAND = {"reward_audit"}  # materialized by users (or the test below), not by `make run`
 

@@ -89,7 +89,7 @@ def test_task_file_from_s3(s3_bucket):
     assert load_task_file(f"{s3_bucket}/tasks.parquet")["task_id"].tolist() == ["s1"]
 
 
-UNPARTITIONED = ["knowledge_base", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
+UNPARTITIONED = ["knowledge_base", "search_index", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
                  "sft_benchmark_scores"]
 ROUND = ["rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"]
 

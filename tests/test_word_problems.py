@@ -9,12 +9,13 @@ import re
 import pytest
 
 from configs import load_profile
-from configs.schema import FAMILY_LEVELS, RewardConfig, TeacherConfig
+from configs.schema import RewardConfig, TeacherConfig
 from environments import families
 from environments.arithmetic import (DEFAULT_LEVELS, LEVELS, STORIES, WORD_LEVEL, demonstrate, evaluate, generate_tasks,
                                      make_expression, make_word_problem)
 from environments.contamination import overlaps
-from environments.families import build_tools, detour_steps
+from environments.families import build_tools
+from environments.family import get_family
 from training.scoring import score_records
 from training.tokenizer import train_tokenizer
 from training.trajectories import build_sft_trajectories, tokenizer_corpus
@@ -35,12 +36,12 @@ def numbers_in(text: str) -> list[int]:
 
 
 def test_level_5_is_listed_but_opt_in():
-    assert LEVELS == FAMILY_LEVELS["arithmetic"] == (1, 2, 3, 4, 5) and DEFAULT_LEVELS == (1, 2, 3, 4)
+    assert LEVELS == get_family("arithmetic").levels == (1, 2, 3, 4, 5) and DEFAULT_LEVELS == (1, 2, 3, 4)
     assert {t["level"] for t in generate_tasks(400, seed=0, split="train")} == set(DEFAULT_LEVELS)
     assert {t["level"] for t in families.generate_tasks("arithmetic", 400, seed=0, split="train")} == set(DEFAULT_LEVELS)
     for profile in ("tiny", "micro"):  # tiny names levels 1-4; micro names none (the default)
         levels = load_profile(profile).data.families["arithmetic"].levels
-        assert WORD_LEVEL not in (levels or families.DEFAULT_LEVELS["arithmetic"])
+        assert WORD_LEVEL not in (levels or get_family("arithmetic").all_default_levels())
 
 
 def test_templates_are_many_and_all_drawn(tasks):
@@ -126,7 +127,7 @@ def test_direct_answers_are_near_misses_and_tool_calls_print_the_expression(task
 def test_alternative_detour_is_the_first_operation():
     task = {"task_id": "x", "family": "arithmetic", "level": WORD_LEVEL, "prompt": "...\n", "answer": "1020",
             "metadata": json.dumps({"expression": "(47+38)*12"})}
-    steps = detour_steps("arithmetic", task, "alternatives", random.Random(0), None)
+    steps = get_family("arithmetic").detour_steps(task, "alternatives", random.Random(0), None)
     assert [(s.args, s.trained) for s in steps] == [("print(47+38)", False)]
 
 

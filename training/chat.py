@@ -12,7 +12,7 @@ after the other, so without a system prompt a scratch prompt is the task's text,
 
 from __future__ import annotations
 
-from environments import TOOLS_BY_FAMILY
+from environments.family import tools_of
 from verifiers.protocol import ANSWER_CLOSE, ANSWER_OPEN, OBSERVATION_TAGS, TOOL_TAGS
 
 PLAIN_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}"
@@ -30,7 +30,7 @@ DEFAULT_SYSTEM_PROMPT = ("You solve tasks with tools. Tools: {tools}. Call a too
 def tool_descriptions(family: str) -> str:
     """The tools a family's episodes may call, described with their tags: `{tools}` in a system prompt."""
     uses = []
-    for name in TOOLS_BY_FAMILY.get(family, ()):
+    for name in tools_of(family):
         (open_tag, close_tag), (obs_open, obs_close) = TOOL_TAGS[name], OBSERVATION_TAGS[name]
         uses.append(TOOL_USES[name].format(open=open_tag, close=close_tag, obs_open=obs_open, obs_close=obs_close))
     return "; ".join(uses) if uses else "none"

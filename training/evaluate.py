@@ -100,6 +100,13 @@ def summarize(rows: list[dict], confidence: float, pass_at_k: tuple[int, ...] | 
     return summary
 
 
+def suite_summary(name: str, rows: list[dict], over_budget: int, confidence: float, pass_at_k: tuple[int, ...] | list[int] = ()) -> dict[str, float]:
+    """A benchmark suite's figures as `<name>.<metric>` (pass@1 and pass@k with CIs, tool-call
+    rate, tasks, and how many prompts did not fit the suite's token budget: scored 0, not run)."""
+    whole = {k: v for k, v in summarize(rows, confidence, pass_at_k).items() if "/" not in k}
+    return {f"{name}.{k}": v for k, v in {**whole, "over_budget": float(over_budget)}.items()}
+
+
 def promotion_decision(new: dict[str, float], champion: dict[str, float] | None, confidence: float, margin: float) -> dict[str, float | bool]:
     """Promote iff the lower bound of the paired CI of (new - champion) is above `margin`
     (default 0): the improvement must be measurable, not a lucky draw. No champion -> promote."""

@@ -23,6 +23,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from configs.registry import Registry, UnknownNameError
+
 __all__ = [
     "LOG_RATIO_CLAMP", "UnknownNameError", "Registry",
     "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "KL_ESTIMATORS", "AGG_MODES",
@@ -38,43 +40,6 @@ LOG_RATIO_CLAMP = 20.0
 
 
 # --------------------------------------------------------------------------- registry
-class UnknownNameError(KeyError, ValueError):
-    """An unknown registry name. Both a KeyError (it is a lookup) and a ValueError (it is a bad
-    config value), so callers may catch either."""
-
-    def __str__(self) -> str:  # KeyError.__str__ would repr() the message into quotes
-        return str(self.args[0])
-
-
-class Registry:
-    """name -> function. `@reg.register("x")` adds, `reg.get("x")` looks up, `reg.names()` lists."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind  # used in error messages: "unknown policy loss 'x'"
-        self._fns: dict[str, Callable] = {}
-
-    def register(self, name: str) -> Callable[[Callable], Callable]:
-        def decorator(fn: Callable) -> Callable:
-            if name in self._fns:  # silent overwrite would swap an algorithm behind the config's back
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._fns[name] = fn
-            return fn
-        return decorator
-
-    def get(self, name: str) -> Callable:
-        try:
-            return self._fns[name]
-        except KeyError:
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}") from None
-
-    def names(self) -> list[str]:
-        return sorted(self._fns)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._fns
-
-
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")

@@ -27,7 +27,7 @@ import torch
 
 from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
-from environments import TOOLS_BY_FAMILY
+from environments.family import tools_of
 from environments.tools import Tool, ToolResult
 from training.rollout_engines import Generation, RolloutEngine, Sampling
 from training.sampling_keys import episode_seed, seeds_from, turn_seed
@@ -147,7 +147,7 @@ def _dispatch(tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]], 
     results: list[ToolResult | None] = [None] * len(calls)
     futures = {}
     for name in dict.fromkeys(n for _, n, _ in calls):
-        index = [i for i, (episode, n, _) in enumerate(calls) if n == name and n in TOOLS_BY_FAMILY.get(episode.task["family"], ()) and n in tools]
+        index = [i for i, (episode, n, _) in enumerate(calls) if n == name and n in tools_of(episode.task["family"]) and n in tools]
         if index:
             futures[name] = (index, pool.submit(_run_tool, tools[name], [calls[i][2] for i in index]))
     for index, future in futures.values():
@@ -171,7 +171,7 @@ def run_episodes(
     sampling_key: str | None = None,
 ) -> list[Episode]:
     """Roll out `group_size` episodes per task (one GRPO group per task) with `engine`. `tools`
-    maps a tool name to the tool; an episode may call the tools its family offers (TOOLS_BY_FAMILY).
+    maps a tool name to the tool; an episode may call the tools its family offers (`TaskFamily.tools`).
     Engines that take requests one by one (vLLM) run the continuous schedule, the others one
     batched call per turn; both record the same things the same way.
 

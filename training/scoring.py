@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from environments import TOOLS_BY_FAMILY
+from environments.family import tools_of
 from environments.base import task_view
 from training.rollout import Episode
 from training.sequences import policy_spans
@@ -44,7 +44,7 @@ def candidate_of(record: dict, tokenizer) -> Candidate:
     are never shown to a verifier, so a tool cannot inject an answer."""
     ids, mask = list(record["completion_ids"]), list(record["tool_mask"])
     turns = [tokenizer.decode(span) for span in policy_spans(ids, mask)]
-    return Candidate(turns, num_policy_tokens=int(sum(mask)), tools=TOOLS_BY_FAMILY.get(str(record["family"]), ()))
+    return Candidate(turns, num_policy_tokens=int(sum(mask)), tools=tools_of(str(record["family"])))
 
 
 def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, cascade: Cascade) -> list[dict]:

@@ -6,14 +6,15 @@ byte-for-byte what rollouts will append (same sandbox, same formatting, same enc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 
 from configs.schema import TeacherConfig
-from environments.arithmetic import answer_turn, code_turn
+from environments.arithmetic import answer_turn
 from environments.base import Demonstration
 from environments.families import demonstrations, mixture_counts, with_detours
+from environments.family import get_family
 from environments.search import KnowledgeBase
+from environments.sft_files import FileTrajectory, answer_text
 from environments.tools import Tool, ToolResult, wrap_observation
 from training.chat import prompt_ids
 from training.sequences import encode_observation, encode_segments
@@ -21,18 +22,11 @@ from verifiers.protocol import TOOL_TAGS
 
 
 def tokenizer_corpus(tasks: list[dict], documents: list[str] = ()) -> Iterator[str]:
-    """Prompts plus every shape of completion the protocol allows (per family), the knowledge
-    base's documents as search observations, and error messages, so that tool output tokenizes
-    into words rather than single letters."""
+    """Every task in the shapes its family's episodes take (`TaskFamily.tokenizer_texts`), the
+    knowledge base's documents as search observations, and error messages, so that tool output
+    tokenizes into words rather than single letters."""
     for task in tasks:
-        answer = str(task["answer"])
-        if task["family"] == "arithmetic":
-            expression = json.loads(task["metadata"] or "{}").get("expression", answer)  # user files may omit it
-            yield task["prompt"] + code_turn(f"print({expression})") + wrap_observation(answer + "\n") + answer_turn(answer)
-        elif task["family"] == "search":
-            yield task["prompt"] + call_turn("search", answer) + answer_turn(answer)
-        else:
-            yield task["prompt"] + code_turn(answer + "\nprint(f(3))") + answer_turn(answer)
+        yield from get_family(task["family"]).tokenizer_texts(task)
     for text in documents:
         yield wrap_observation(text, "search")
     yield wrap_observation("NameError: name 'x' is not defined\nSyntaxError: invalid syntax\nZeroDivisionError: division by zero\n")
@@ -100,4 +94,31 @@ def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Too
             "completion": tokenizer.decode(completion_ids),
             "correct": demo.correct,
         })
+    return rows
+
+
+def file_trajectory_rows(trajectories: list[FileTrajectory], tokenizer, *, system_prompt: str | None = None, start: int = 0) -> list[dict]:
+    """Rows of `sft_trajectories` from a user's chat-messages file (environments/sft_files.py):
+    the assistant's words, tool calls and answer are policy tokens; tool outputs are wrapped in
+    their observation tags and masked (tool_mask 0), exactly as a rollout's."""
+    rows = []
+    for i, t in enumerate(trajectories, start=start):
+        segments = []
+        for s in t.segments:
+            if s.kind == "observation":
+                segments.append(("tool", wrap_observation(s.text, s.tool)))
+            elif s.kind == "call":
+                segments.append(("policy", call_turn(s.tool, s.text)))
+            elif s.kind == "answer":
+                segments.append(("policy", answer_text(s.text)))
+            else:
+                segments.append(("policy", s.text))
+        merged: list[tuple[str, str]] = []  # a policy turn's words and its call are one piece, as a rollout samples them
+        for role, text in segments:
+            merged[-1:] = [(role, merged[-1][1] + text)] if merged and merged[-1][0] == role == "policy" else [*merged[-1:], (role, text)]
+        completion_ids, tool_mask = encode_segments(tokenizer, merged)
+        task = {"task_id": t.task_id, "family": t.family, "level": t.level, "prompt": t.prompt}
+        rows.append({"trajectory_id": f"sft-file-{i:06d}", "task_id": t.task_id, "family": t.family, "level": t.level, "strategy": "file",
+                     "prompt_ids": prompt_ids(tokenizer, task, system_prompt), "completion_ids": completion_ids, "tool_mask": tool_mask,
+                     "loss_mask": tool_mask, "completion": tokenizer.decode(completion_ids), "correct": True})
     return rows

@@ -13,6 +13,7 @@ import builtins
 import functools
 import json
 import marshal
+import random
 import sys
 import types
 import weakref
@@ -165,7 +166,10 @@ def _main():
 _main()
 """
 _VERSION_MISMATCH = "runner: the sandbox's Python differs from the trainer's"
-MAX_CALLS_PER_TEST = 16  # a test making more calls than this is a broken task, not a slow one
+# A test making more calls than this is a broken task, not a slow one. Each call past the first
+# costs one more sandbox run (the candidate re-answers the test's calls so far): HumanEval's
+# longest checks make 200 (100 random inputs, each through a prompt helper and the candidate).
+MAX_CALLS_PER_TEST = 256
 
 
 def runner_program(candidate: str, allowed_imports: Iterable[str] | None, forbidden_names: Iterable[str] = ()) -> str:
@@ -247,6 +251,26 @@ def _raise_from(payload: object) -> BaseException:
     return CandidateError(name[:24])
 
 
+def _seeded_random() -> types.ModuleType:
+    """`random` as a test imports it: the module's functions bound to a fresh Random(0). A replay
+    must make the same calls as the run whose answers it reads; a test drawing unseeded inputs
+    (HumanEval's `for _ in range(100): x = randint(...)`) would compare answers to other inputs."""
+    rng, module = random.Random(0), types.ModuleType("random")
+    for name in dir(random):
+        if not name.startswith("_"):
+            setattr(module, name, getattr(rng, name) if callable(getattr(random.Random, name, None)) else getattr(random, name))
+    return module
+
+
+def _replay_builtins() -> dict:
+    real_import = builtins.__import__
+
+    def test_import(name, globals=None, locals=None, fromlist=(), level=0):
+        return _seeded_random() if name == "random" and not level else real_import(name, globals, locals, fromlist, level)
+
+    return {**_TEST_BUILTINS, "__import__": test_import}
+
+
 def replay_test(code: str, entry_point: str, answers: list) -> tuple[bool | str | None, list | None]:
     """Run one test here against the candidate's recorded `answers`, in call order. Returns
     (True, None) when the test passed, (<failure reason>, None) when it failed, or (None, calls)
@@ -270,7 +294,7 @@ def replay_test(code: str, entry_point: str, answers: list) -> tuple[bool | str 
             raise _raise_from(payload)
         return call
 
-    ns = {"__builtins__": _TEST_BUILTINS, "__name__": "test",
+    ns = {"__builtins__": _replay_builtins(), "__name__": "test",
           **{name: proxy(name) for name in {*names, entry_point} if name not in _TEST_BUILTINS or name == entry_point}}
     try:
         exec(compiled, ns)  # noqa: S102 — the task's own test code, on plain data
@@ -348,4 +372,4 @@ class Unscorable(Exception):
 
 def sandbox_output_limit(sandbox) -> int:
     limits = getattr(sandbox, "limits", None)
-    return int(getattr(limits, "max_output_bytes", 4096))
+    return int(getattr(limits, "max_output_bytes", 65_536))

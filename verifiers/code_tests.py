@@ -66,8 +66,9 @@ from verifiers.code_runner import Unscorable, run_tests
 GROUPS = ("fail_to_pass", "pass_to_pass", "held_out")
 MODES = ("fraction", "all_or_nothing")
 DEFAULT_GROUPS = ("fail_to_pass", "pass_to_pass")
+# typing and hashlib: HumanEval's prompts import typing, one of its solutions hashlib (md5).
 DEFAULT_ALLOWED_IMPORTS = ("math", "itertools", "functools", "collections", "heapq", "bisect", "re",
-                           "string", "operator", "fractions", "decimal", "statistics")
+                           "string", "operator", "fractions", "decimal", "statistics", "typing", "hashlib")
 MAX_CANDIDATE_CHARS = 20_000
 FORBIDDEN_NAMES = frozenset({"open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars",
                              "getattr", "setattr", "delattr", "breakpoint", "input", "help", "exit", "quit"})
@@ -136,8 +137,18 @@ def code_task_check(task: Task, *, groups: Iterable[str] = DEFAULT_GROUPS, **_pa
 
 # --- the static policy ------------------------------------------------------------------------
 
+def forbidden_names(allow_names: Iterable[str] = ()) -> frozenset[str]:
+    """FORBIDDEN_NAMES less `allow_names`: a problem set whose references need one (HumanEval/160's
+    calls eval) allows it for its own verifier. Weaker defense in depth, same boundary: the tests
+    still only see the candidate's answers as plain data."""
+    unknown = set(allow_names) - FORBIDDEN_NAMES
+    if unknown:
+        raise ValueError(f"allow_names {sorted(unknown)} are not forbidden names; forbidden: {sorted(FORBIDDEN_NAMES)}")
+    return FORBIDDEN_NAMES - set(allow_names)
+
+
 def code_precheck(prediction: str, task: Task, *, allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS,
-                  **_params) -> str | None:
+                  allow_names: Iterable[str] = (), **_params) -> str | None:
     """Why the candidate cannot earn reward without running it (empty, too long, does not
     parse, no entry point, breaks the static policy), or None."""
     if not prediction.strip():
@@ -151,7 +162,7 @@ def code_precheck(prediction: str, task: Task, *, allowed_imports: Iterable[str]
     entry = task.get("entry_point")
     if isinstance(entry, str) and entry not in _top_level_names(tree):
         return f"entry point {entry!r} is not defined at top level"
-    return policy_violation(tree, allowed_imports)
+    return policy_violation(tree, allowed_imports, forbidden_names(allow_names))
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -166,7 +177,7 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def policy_violation(tree: ast.AST, allowed_imports: Iterable[str]) -> str | None:
+def policy_violation(tree: ast.AST, allowed_imports: Iterable[str], forbidden: frozenset[str] = FORBIDDEN_NAMES) -> str | None:
     """The first breach of the static policy as "line N: <construct>", or None."""
     allowed, nodes = frozenset(allowed_imports), list(ast.walk(tree))
     imported: dict[str, object] = {}  # name bound by an import -> what it names here on the host
@@ -182,7 +193,7 @@ def policy_violation(tree: ast.AST, allowed_imports: Iterable[str]) -> str | Non
     for node in nodes:
         reason = _string_violation(node, id(node) in init_methods)
         if reason is None and isinstance(node, ast.Name):
-            if node.id in FORBIDDEN_NAMES:
+            if node.id in forbidden:
                 reason = f"use of {node.id}"
             elif node.id == "type" and id(node) not in one_arg_type:
                 reason = "type() other than type(x) (three arguments create a class)"
@@ -277,7 +288,7 @@ def _details(tests: list[CodeTest], outcomes: list[bool | str | None], run_error
 @register("unit_tests", needs_sandbox=True, precheck=code_precheck, task_check=code_task_check)
 def unit_tests(prediction: str, task: Task, *, sandbox, mode: str = "fraction",
                groups: Iterable[str] = DEFAULT_GROUPS,
-               allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS) -> Verdict:
+               allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS, allow_names: Iterable[str] = ()) -> Verdict:
     """fraction: passed / selected tests; all_or_nothing: 1.0 iff all pass (SWE-bench's resolved
     when groups are F2P + P2P). None if the task or the sandbox cannot score it."""
     if mode not in MODES:
@@ -287,11 +298,11 @@ def unit_tests(prediction: str, task: Task, *, sandbox, mode: str = "fraction",
     except ValueError as exc:
         return Verdict(None, f"unscorable task: {exc}")
     # Defense in depth: the cascade's fast tier ran this, but a caller may not have used it.
-    rejected = code_precheck(prediction, task, allowed_imports=allowed_imports)
+    rejected = code_precheck(prediction, task, allowed_imports=allowed_imports, allow_names=allow_names)
     if rejected is not None:
         return Verdict(0.0, rejected)
     try:
-        outcomes, run_error = run_tests(prediction, tests, task["entry_point"], sandbox, allowed_imports, FORBIDDEN_NAMES)
+        outcomes, run_error = run_tests(prediction, tests, task["entry_point"], sandbox, allowed_imports, forbidden_names(allow_names))
     except Unscorable as exc:
         return Verdict(None, str(exc))
     passed = [o is True for o in outcomes]

@@ -74,7 +74,7 @@ class SandboxLimits:
     cpu_s: int = 2  # RLIMIT_CPU
     memory_mb: int = 256  # RLIMIT_AS
     max_processes: int = 8  # RLIMIT_NPROC (processes + threads of the sandbox uid)
-    max_output_bytes: int = 4096  # stdout and stderr are each truncated to this
+    max_output_bytes: int = 65_536  # stdout and stderr are each truncated to this (the unit-test verifier's answers must fit)
     max_file_mb: int = 8  # RLIMIT_FSIZE
     max_files: int = 10_000  # entries (files, dirs, links) in the scratch dir: its tmpfs's nr_inodes
 

@@ -312,6 +312,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-mb", type=int, default=256)
     p.add_argument("--max-processes", type=int, default=8)
     p.add_argument("--max-files", type=int, default=10_000)
+    p.add_argument("--max-output-bytes", type=int, default=65_536)
     p.add_argument("--uid-base", type=int, default=DEFAULT_UID_BASE, help="first sandbox uid; give each pool on a host its own")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
@@ -333,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     limits = SandboxLimits(timeout_s=args.timeout_s, cpu_s=max(1, int(args.timeout_s)), memory_mb=args.memory_mb,
-                           max_processes=args.max_processes, max_files=args.max_files)  # as assets/resources.py derives them
+                           max_processes=args.max_processes, max_files=args.max_files,
+                           max_output_bytes=args.max_output_bytes)  # as assets/resources.py derives them
     with BubblewrapSandbox(limits, args.pool_size, uid_base=args.uid_base) as pool:
         app = create_app(pool, token=token, max_request_bytes=args.max_request_bytes, max_batch=args.max_batch,
                          max_pending=args.max_pending, concurrency=args.pool_size)

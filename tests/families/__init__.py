@@ -1,0 +1,1 @@
+"""Task families added the way a user adds one: a module each, named in the profile."""
