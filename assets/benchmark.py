@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 import torch
-from dagster import AssetExecutionContext, AutomationCondition, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, AutomationCondition, Failure, MetadataValue, Output, asset
 
 from assets.artifacts import MANIFEST, read_manifest
 from assets.data import search_retriever
@@ -20,7 +20,7 @@ from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.data_parallel import DataParallel
 from training.chat import prompt_ids
-from training.evaluate import evaluate_policy, promotion_decision, suite_summary, summarize
+from training.evaluate import evaluate_policy, gate_scores, promotion_decision, suite_summary, summarize
 from training.rollout_engines import build_rollout_engine
 from verifiers.cascade import Cascade
 
@@ -53,7 +53,7 @@ def evaluate_checkpoint(cfg, storage: ArtifactStore, sandbox: SandboxResource, p
     summary["greedy_pass_at_1"] = summarize(greedy, bench.confidence)["pass_at_1"] if greedy is not None else float("nan")
     for figures in suites.values():
         summary.update(figures)
-    return summary, {r["task_id"]: r["score"] for r in sampled}
+    return summary, gate_scores(sampled, bench.gate_k)
 
 
 def evaluate_suite(cfg, name: str, tasks: list[dict], engine, tok, tools, box, dp: DataParallel) -> dict[str, float]:
@@ -101,6 +101,10 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
 
     champion = tracker.version_by_alias(CHAMPION)
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
+    if champion is not None and tracker.gate_k(champion.run_id) != bench.gate_k:  # per-task pass@k of another k: not comparable
+        raise Failure(description=f"benchmark.gate_k={bench.gate_k}, but the champion (version {champion.version}) was scored with "
+                                  f"gate_k={tracker.gate_k(champion.run_id)}: per-task scores of different k cannot be compared; "
+                                  f"set benchmark.gate_k={tracker.gate_k(champion.run_id)}", allow_retries=False)
     decision = promotion_decision(per_task, champion_scores, bench.confidence, bench.promotion_margin)
     if blocked_by:  # a collapsed round is never promoted, however it scores (rl.collapse.action: block)
         decision = {**decision, "promote": False}
@@ -108,6 +112,7 @@ def benchmark_checkpoint(context: AssetExecutionContext, *, settings: FlywheelSe
     with tracker.run(context, asset_name, {"benchmark": bench.model_dump(), "stage": stage, "checkpoint": pointer["uri"]}) as run_id:
         tracker.log_metrics(run_id, summary)
         tracker.log_json(run_id, per_task, "per_task_scores.json")
+        tracker.client().set_tag(run_id, "gate_k", str(bench.gate_k))  # what per_task_scores.json holds
         version = tracker.register_checkpoint(run_id, folder, {
             "stage": stage, "round": context.partition_key if context.has_partition_key else "", "checkpoint_uri": pointer["uri"],
             "checkpoint_run": read_manifest(folder / MANIFEST, pointer["uri"]).get("dagster_run_id") or context.run_id,

@@ -88,8 +88,7 @@ def benchmark_tasks(context: AssetExecutionContext, settings: FlywheelSettings, 
     else:
         df, source = _generate(cfg, "benchmark", cfg.seed + BENCHMARK_SEED_OFFSET, kb_from_rows(knowledge_base.to_dict("records"))), "generated"
     if cfg.task_file is not None:  # the task file's own held-out rows
-        held = load_task_file(cfg.task_file)
-        held = held[held["split"] == "benchmark"]
+        held = load_task_file(cfg.task_file, only_split="benchmark")  # its other rows are training_tasks' to check
         if len(held):
             df, source = pd.concat([df, held], ignore_index=True), f"{source} + {len(held)} held-out rows of {cfg.task_file}"
     if df.empty:

@@ -247,6 +247,11 @@ class MLflowTracker(ConfigurableResource):
             path.write_text(json.dumps(obj))
             self.client().log_artifact(run_id, str(path))
 
+    def gate_k(self, run_id: str) -> int:
+        """The k of the per-task pass@k a benchmark run's per_task_scores.json holds (runs from
+        before benchmark.gate_k: 1, the mean outcome)."""
+        return int(self.client().get_run(run_id).data.tags.get("gate_k", "1"))
+
     def load_json(self, run_id: str, name: str) -> Any:
         import mlflow
 

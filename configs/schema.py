@@ -407,7 +407,9 @@ class BenchmarkConfig(_Strict):
                                "the baseline SFT's gain is measured against. For pretrained models; a scratch base scores 0.")
     pass_at_k: list[int] = Field([], description="k (2 or more, at most samples_per_task) for which the unbiased pass@k (Chen et al. 2021) is "
                                  "reported with a bootstrap CI over tasks; a sample passes when its outcome is 1. pass@1 (the mean outcome) "
-                                 "is always reported, and is what the promotion gate compares.")
+                                 "is always reported, and is what the promotion gate compares unless gate_k says otherwise.")
+    gate_k: int = Field(1, ge=1, description="The promotion gate (and the run's paired gains) compare per-task pass@k for this k: 1 "
+                        "(default) the mean outcome; another k must be in pass_at_k.")
     suites: dict[str, BenchmarkSuite] = Field({}, description="Problem sets reported next to the held-out benchmark (e.g. "
                                               "humaneval), by name: lower-case letters, digits and _.")
 
@@ -421,6 +423,8 @@ class BenchmarkConfig(_Strict):
         if bad:
             raise ValueError(f"benchmark.pass_at_k={self.pass_at_k}: each k must be 2..samples_per_task={self.samples_per_task} "
                              f"(got {bad}; pass@1 is always reported)")
+        if self.gate_k != 1 and self.gate_k not in self.pass_at_k:
+            raise ValueError(f"benchmark.gate_k={self.gate_k} must be 1 or one of pass_at_k={self.pass_at_k}")
         return self
 
 

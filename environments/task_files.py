@@ -138,10 +138,14 @@ def question_row(row: dict) -> tuple[dict, list[str]]:
             "split": row.get("split"), "metadata": {"aliases": golden[1:], "question_file": True}, "_row": number}, []
 
 
-def load_task_file(path: str, default_split: str = "train") -> pd.DataFrame:
+def load_task_file(path: str, default_split: str = "train", only_split: str | None = None) -> pd.DataFrame:
     """The file's tasks as a frame with `TASK_COLUMNS`, or TaskFileError naming every bad row.
-    Rows in the question-file shape (`question_row`) become search tasks."""
+    Rows in the question-file shape (`question_row`) become search tasks. `only_split`: just the
+    rows of that split, checked (the benchmark's held-out rows; the rest is checked by the asset
+    that trains on them), possibly none."""
     rows = read_rows(path)
+    if only_split is not None:
+        rows = [r for r in rows if (r.get("split") or default_split) == only_split]
     problems, seen = [], {}
     for i, row in enumerate(rows, start=1):
         if "question" in row and "family" not in row:
@@ -159,7 +163,7 @@ def load_task_file(path: str, default_split: str = "train") -> pd.DataFrame:
             seen[task_id] = number
     if problems:
         raise TaskFileError(_summary(path, problems))
-    if not rows:
+    if not rows and only_split is None:
         raise TaskFileError(f"{path}: no tasks")
     return pd.DataFrame([{
         "task_id": r["task_id"], "family": r["family"], "level": int(r["level"]), "prompt": r["prompt"], "answer": str(r["answer"]),

@@ -50,6 +50,9 @@ def gate(tracker: MLflowTracker, version: str, cfg: FlywheelConfig) -> dict:
     champion = tracker.version_by_alias(CHAMPION)
     if champion is not None and str(champion.version) == str(candidate.version):
         raise RegistryError(f"version {version} is already the champion")
+    if champion is not None and tracker.gate_k(candidate.run_id) != tracker.gate_k(champion.run_id):
+        raise RegistryError(f"version {version} was scored with benchmark.gate_k={tracker.gate_k(candidate.run_id)} and the champion "
+                            f"(version {champion.version}) with {tracker.gate_k(champion.run_id)}: their per-task scores cannot be compared")
     scores = tracker.load_json(candidate.run_id, "per_task_scores.json")
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
     decision = promotion_decision(scores, champion_scores, cfg.benchmark.confidence, cfg.benchmark.promotion_margin)

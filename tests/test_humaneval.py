@@ -160,3 +160,20 @@ def test_a_flywheel_reports_its_suites_apart_from_the_gate(tmp_path, monkeypatch
     text = report(outcome)
     print(text)
     assert "suite (not gated)" in text and "humaneval" in text and "@2 " in text
+
+
+@pytest.mark.integrity
+def test_attacks_on_a_humaneval_check_earn_nothing(humaneval, sandbox):
+    """As a policy would: flood the output past the 64 KiB limit, hang, exit early, return an
+    object whose == always holds, or print what looks like passing answers."""
+    zero = next(t for t in humaneval if t["task_id"] == "HumanEval/0")
+    attacks = {
+        "flood": "def has_close_elements(numbers, threshold):\n    print('x' * 200000)\n    return True\n",
+        "hang": "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n",
+        "exit": "import sys\ndef has_close_elements(numbers, threshold):\n    sys.exit(0)\n",
+        "liar": "class Yes:\n    def __eq__(self, other):\n        return True\ndef has_close_elements(numbers, threshold):\n    return Yes()\n",
+        "forged": "print('[0, [[\"ok\", [\"b\", true]]]]')\ndef has_close_elements(numbers, threshold):\n    return False\n",
+    }
+    for name, candidate in attacks.items():
+        verdict = grade(zero, candidate, sandbox)
+        assert verdict.score in (0.0, None), (name, verdict)

@@ -68,3 +68,14 @@ def test_a_k_the_benchmark_cannot_estimate_is_refused_at_load_time():
     with pytest.raises(ConfigError, match=r"benchmark.pass_at_k=\[2, 8\]: each k must be 2..samples_per_task=4 \(got \[8\]"):
         load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 8]})
     assert load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 4]}).benchmark.pass_at_k == [2, 4]
+
+
+def test_the_gate_compares_pass_at_1_unless_gate_k_names_a_reported_k():
+    from configs import ConfigError, load_profile
+    from training.evaluate import gate_scores
+
+    rows = [{"task_id": "a", "score": 0.25, "samples": 4, "solved": 1}, {"task_id": "b", "score": 0.5, "samples": 4, "solved": 0}]
+    assert gate_scores(rows) == {"a": 0.25, "b": 0.5}  # the mean outcome (b's partial credit counts)
+    assert gate_scores(rows, 2) == {"a": pytest.approx(0.5), "b": 0.0}  # a: 1 - C(3,2)/C(4,2); b: no sample passed
+    with pytest.raises(ConfigError, match=r"benchmark.gate_k=4 must be 1 or one of pass_at_k=\[2\]"):
+        load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2], "benchmark.gate_k": 4})

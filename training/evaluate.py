@@ -100,6 +100,12 @@ def summarize(rows: list[dict], confidence: float, pass_at_k: tuple[int, ...] | 
     return summary
 
 
+def gate_scores(rows: list[dict], k: int = 1) -> dict[str, float]:
+    """Per task, what the promotion gate compares: the mean outcome (k = 1), or the task's
+    unbiased pass@k (`benchmark.gate_k`)."""
+    return {r["task_id"]: r["score"] if k == 1 else pass_at_k(r["samples"], r["solved"], k) for r in rows}
+
+
 def suite_summary(name: str, rows: list[dict], over_budget: int, confidence: float, pass_at_k: tuple[int, ...] | list[int] = ()) -> dict[str, float]:
     """A benchmark suite's figures as `<name>.<metric>` (pass@1 and pass@k with CIs, tool-call
     rate, tasks, and how many prompts did not fit the suite's token budget: scored 0, not run)."""
