@@ -181,3 +181,30 @@ def test_a_corrupted_checkpoint_is_refused_and_a_bad_cache_copy_is_fetched_again
         shutil.rmtree(local)
     with pytest.raises(CorruptArtifact, match="artifact .*round-1.*model.safetensors does not match its sha256"):
         store.local_path(uri)
+
+
+@pytest.mark.yourdata
+def test_a_corpus_an_sft_file_and_a_problem_file_from_s3(s3_bucket):
+    """The other user files read from s3:// too (gzip included), bad rows named as locally."""
+    import gzip
+
+    import fsspec
+
+    from environments.corpus import load_corpus
+    from environments.problem_files import load_problems
+    from environments.sft_files import load_sft_file
+    from environments.task_files import TaskFileError
+
+    repo = Path(__file__).resolve().parents[1] / "examples"
+    for name in ("search/corpus.jsonl", "sft/trajectories.jsonl"):
+        with fsspec.open(f"{s3_bucket}/{name}", "wb") as f:
+            f.write((repo / name).read_bytes())
+    with fsspec.open(f"{s3_bucket}/problems.jsonl.gz", "wb") as f:
+        f.write(gzip.compress((repo / "problems" / "humaneval_format.jsonl").read_bytes()))
+    assert len(load_corpus(f"{s3_bucket}/search/corpus.jsonl")) == 24
+    assert len(load_sft_file(f"{s3_bucket}/sft/trajectories.jsonl")) == 4
+    assert [t["task_id"] for t in load_problems(f"{s3_bucket}/problems.jsonl.gz", suite="mini")] == ["mini/0", "mini/1", "mini/2"]
+    with fsspec.open(f"{s3_bucket}/bad.jsonl", "w") as f:
+        f.write(json.dumps({"id": "x", "text": ""}) + "\n")
+    with pytest.raises(TaskFileError, match=r"corpus file s3://flywheel-test/run/bad.jsonl has 1 problem\(s\):\n  row 1: field 'text'"):
+        load_corpus(f"{s3_bucket}/bad.jsonl")
