@@ -41,7 +41,7 @@ def evaluate_checkpoint(cfg, storage: ArtifactStore, sandbox: SandboxResource, p
         tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k, retriever=search_retriever(storage, kb))
         cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
         common = dict(tools=tools, rollout=cfg.rollout, cascade=cascade, seed=cfg.seed, batch_size=bench.batch_size, temperature=bench.temperature)
-        engine = build_rollout_engine(cfg.rollout, model, tok, seed=cfg.seed)
+        engine = build_rollout_engine(engine_budget(cfg), model, tok, seed=cfg.seed)
         try:
             sampled = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=bench.samples_per_task, greedy=False, **common))
             greedy = dp.gather(evaluate_policy(engine, tok, mine, samples_per_task=1, greedy=True, **common)) if bench.greedy else None
@@ -54,6 +54,16 @@ def evaluate_checkpoint(cfg, storage: ArtifactStore, sandbox: SandboxResource, p
     for figures in suites.values():
         summary.update(figures)
     return summary, gate_scores(sampled, bench.gate_k)
+
+
+def engine_budget(cfg):
+    """The rollout settings the benchmark's engine is built with: the largest budget of the
+    held-out tasks and every suite (vLLM fixes its context length when it starts; a suite's longer
+    episodes would otherwise be refused). Each episode still runs under its own budget."""
+    suites = cfg.benchmark.suites.values()
+    return cfg.rollout.model_copy(update={
+        "max_total_tokens": max([cfg.rollout.max_total_tokens, *(s.max_total_tokens or 0 for s in suites)]),
+        "max_new_tokens_per_turn": max([cfg.rollout.max_new_tokens_per_turn, *(s.max_new_tokens_per_turn or 0 for s in suites)])})
 
 
 def evaluate_suite(cfg, name: str, tasks: list[dict], engine, tok, tools, box, dp: DataParallel) -> dict[str, float]:
