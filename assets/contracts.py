@@ -448,9 +448,9 @@ def contract_check(
         if families_t is None:
             from environments.family import FAMILIES, get_family  # noqa: PLC0415 (only the task contracts need it)
 
-            context.resources.settings.config  # imports the config's own family modules  # noqa: B018
+            cfg = context.resources.settings.config  # resolving it imports the config's own family modules
             names = tuple(FAMILIES.names())
-            splits = (*SPLITS, *context.resources.settings.config.benchmark.suites)
+            splits = (*SPLITS, *cfg.benchmark.suites)
             report = validate_contract(contract, frame, families=names, max_level=max(max(get_family(n).levels) for n in names), splits=splits)
         else:
             report = validate_contract(contract, frame, families=families_t, max_level=max_level)

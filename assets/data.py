@@ -161,8 +161,7 @@ def search_index(context: AssetExecutionContext, settings: FlywheelSettings, sto
     with storage.writable_dir("search_index", index_key(passages), provenance=settings.provenance(context.run_id)) as (folder, uri):
         retriever.save(folder)
     ranks = self_ranks(retriever, passages)
-    terms = [len(t) for t in retriever_terms(passages)]
-    df = pd.DataFrame({"doc_id": [d["doc_id"] for d in documents], "terms": terms, "self_rank": ranks})
+    df = pd.DataFrame({"doc_id": [d["doc_id"] for d in documents], "terms": retriever.terms, "self_rank": ranks})
     context.add_output_metadata({"documents": len(df), "uri": uri, "retriever": retriever.kind, "vocabulary": retriever.vocabulary_size(),
                                  f"self_retrieval_at_{SELF_RANK_K}": float((df["self_rank"] >= 1).mean()),
                                  "self_retrieval_at_1": float((df["self_rank"] == 1).mean())})
@@ -174,12 +173,6 @@ def self_ranks(retriever, passages: list[str]) -> list[int]:
     a retriever cannot find from its own words is noise or a duplicate."""
     ids, _ = retriever.retrieve(passages, SELF_RANK_K)
     return [row.index(i) + 1 if i in row else 0 for i, row in enumerate(ids)]
-
-
-def retriever_terms(passages: list[str]) -> list[list[str]]:
-    from environments.retrieval import _tokenize  # noqa: PLC0415
-
-    return _tokenize(passages)
 
 
 def search_retriever(storage: ArtifactStore, kb) -> BM25Retriever | None:

@@ -357,7 +357,7 @@ class SandboxConfig(_Strict):
     memory_mb: int = Field(256, ge=64)
     max_processes: int = Field(8, ge=1)
     max_output_bytes: int = Field(65_536, ge=1024, description="stdout and stderr of a call are each truncated to this. The unit-test "
-                                  "verifier's answers must fit: HumanEval's longest check (200 calls) needs ~20 KB; a larger answer is unscorable.")
+                                  "verifier's answers must fit: HumanEval's longest check makes 200 calls; a run whose answers do not fit is unscorable.")
     max_files: int = Field(10_000, ge=1, description="Entries (files, dirs, links) a call may create in its scratch dir: the "
                            "bubblewrap tier's per-call tmpfs nr_inodes; cleanup after a call frees at most this many (~15 ms for 10,000).")
     url: str | None = Field(None, description="The sandbox service (kind http), e.g. http://sandbox.flywheel.svc:8790. It must run "

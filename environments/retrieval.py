@@ -41,8 +41,9 @@ class BM25Retriever:
 
     kind = "bm25"
 
-    def __init__(self, index, size: int) -> None:
+    def __init__(self, index, size: int, terms: list[int] | None = None) -> None:
         self.index, self.size = index, size
+        self.terms = terms  # indexed terms per passage, when built here (not kept by save/load)
 
     @classmethod
     def build(cls, passages: Sequence[str]) -> "BM25Retriever":
@@ -50,9 +51,10 @@ class BM25Retriever:
 
         if not passages:
             raise ValueError("a retriever needs at least one passage")
+        tokens = _tokenize(passages)
         index = bm25s.BM25()
-        index.index(_tokenize(passages), show_progress=False)
-        return cls(index, len(passages))
+        index.index(tokens, show_progress=False)
+        return cls(index, len(passages), [len(t) for t in tokens])
 
     def retrieve(self, queries: Sequence[str], k: int) -> tuple[list[list[int]], list[list[float]]]:
         ids, scores = self.index.retrieve(_tokenize(queries), k=min(k, self.size), show_progress=False)

@@ -30,6 +30,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from environments.arithmetic import answer_turn
 from environments.family import FAMILIES, get_family
 from environments.task_files import TaskFileError, _summary, read_rows
 from verifiers.protocol import ANSWER_OPEN, TOOL_TAGS
@@ -174,6 +175,4 @@ def load_sft_file(path: str) -> list[FileTrajectory]:
 
 def answer_text(content: str) -> str:
     """The final message as the policy writes it: inside <answer> tags unless it has them."""
-    from environments.arithmetic import answer_turn  # noqa: PLC0415
-
     return content if ANSWER_OPEN in content else answer_turn(content.strip())

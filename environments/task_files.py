@@ -123,11 +123,14 @@ def question_row(row: dict) -> tuple[dict, list[str]]:
     kept when given; the task id is otherwise the question's hash."""
     key = "golden_answers" if "golden_answers" in row else "answer"
     number, golden = row["_row"], row.get(key)
-    golden = [golden] if isinstance(golden, str) else list(golden) if isinstance(golden, (list, tuple)) or hasattr(golden, "tolist") else golden
+    if isinstance(golden, str):
+        golden = [golden]
+    elif hasattr(golden, "tolist"):  # Parquet gives arrays
+        golden = golden.tolist()
     problems = []
     if not isinstance(row.get("question"), str) or not row["question"].strip():
         problems.append(f"row {number}: field 'question': expected non-empty text, got {row.get('question')!r:.60}")
-    if not isinstance(golden, list) or not golden or not all(isinstance(a, str) and a.strip() for a in golden):
+    if not isinstance(golden, (list, tuple)) or not golden or not all(isinstance(a, str) and a.strip() for a in golden):
         problems.append(f"row {number}: field {key!r}: expected a non-empty list of non-empty strings, got {golden!r:.60}")
     if problems:
         return {}, problems

@@ -129,3 +129,24 @@ def _passages(observation: str, passages: set[str]) -> list[str]:
     found = [p for p in passages if p in observation]
     assert found and sum(len(p) for p in found) + len(found) - 1 >= len(observation.strip()), observation
     return found
+
+
+@pytest.mark.integrity
+def test_copying_the_question_or_the_passage_earns_no_exact_match():
+    """As a policy would on a user's question: answer with the question, with the whole passage
+    the search returned, or with every alias at once."""
+    from verifiers.base import run_verifier
+
+    docs = {d["title"]: passage(d) for d in load_corpus(CORPUS)}
+    for row in load_task_file(QUESTIONS).to_dict("records"):
+        task = {**json.loads(row["metadata"]), **row}
+        island = next(t for t in docs if t in row["prompt"])
+        golds = [row["answer"], *task["aliases"]]
+        for attempt in (row["prompt"], docs[island]):
+            assert run_verifier("exact_match", attempt, task, {}).score == 0.0, attempt
+            assert run_verifier("token_f1", attempt, task, {}).score < 0.5, attempt
+        # every alias at once: nothing under exact match; token F1 gives partial credit (it is F1:
+        # "Mosport the port of Mosport" scores 0.86 against "the port of Mosport"), never full
+        stuffed = " ".join(golds)
+        assert run_verifier("exact_match", stuffed, task, {}).score == (1.0 if len(golds) == 1 else 0.0)
+        assert len(golds) == 1 or run_verifier("token_f1", stuffed, task, {}).score < 1.0

@@ -115,7 +115,10 @@ def file_trajectory_rows(trajectories: list[FileTrajectory], tokenizer, *, syste
                 segments.append(("policy", s.text))
         merged: list[tuple[str, str]] = []  # a policy turn's words and its call are one piece, as a rollout samples them
         for role, text in segments:
-            merged[-1:] = [(role, merged[-1][1] + text)] if merged and merged[-1][0] == role == "policy" else [*merged[-1:], (role, text)]
+            if merged and merged[-1][0] == role == "policy":
+                merged[-1] = (role, merged[-1][1] + text)
+            else:
+                merged.append((role, text))
         completion_ids, tool_mask = encode_segments(tokenizer, merged)
         task = {"task_id": t.task_id, "family": t.family, "level": t.level, "prompt": t.prompt}
         rows.append({"trajectory_id": f"sft-file-{i:06d}", "task_id": t.task_id, "family": t.family, "level": t.level, "strategy": "file",
