@@ -22,8 +22,13 @@ resume: setup
 # --model: the real model behind the `smollm2_folder` fixture (tests marked realmodel).
 test: setup
 	@bash scripts/setup.sh --browser --tools --model smollm2-135m-instruct
-	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Format, lint (with isort rules) and the layer contracts; CI runs it before the tests.
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # The UIs listen on this machine only: they have no login, and the Dagster UI can launch runs.
 # UI_HOST=0.0.0.0 exposes them to the network (put an authenticating proxy in front first).

@@ -75,7 +75,9 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 def _endpoint(fs) -> str:
     try:
-        return fs.s3.meta.endpoint_url  # what s3fs's client resolved (argument, AWS_ENDPOINT_URL*, profile, AWS default)
+        return (
+            fs.s3.meta.endpoint_url
+        )  # what s3fs's client resolved (argument, AWS_ENDPOINT_URL*, profile, AWS default)
     except AttributeError:
         return "(unknown)"
 
@@ -94,9 +96,14 @@ def remote_errors(fs, operation: str, url: str) -> Iterator[None]:
             raise
         retries = ""
         if url.startswith("s3://"):  # what botocore was told, or its defaults under the environment's settings
-            used = s3_retries() or {"mode": os.environ.get("AWS_RETRY_MODE", "legacy"), "max_attempts": os.environ.get("AWS_MAX_ATTEMPTS", 5)}
+            used = s3_retries() or {
+                "mode": os.environ.get("AWS_RETRY_MODE", "legacy"),
+                "max_attempts": os.environ.get("AWS_MAX_ATTEMPTS", 5),
+            }
             retries = f" after the S3 client's retries ({used['mode']} mode, {used['max_attempts']} attempts)"
-        raise StorageUnavailable(f"{operation} {url} failed at endpoint {_endpoint(fs)}{retries}: {type(exc).__name__}: {exc}") from exc
+        raise StorageUnavailable(
+            f"{operation} {url} failed at endpoint {_endpoint(fs)}{retries}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def sha256_file(path: Path) -> str:
@@ -113,24 +120,37 @@ def config_hash(config_json: str) -> str:
 
 
 def _manifest(artifact: str, provenance: dict[str, Any] | None, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "artifact": artifact, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **(provenance or {}), "files": files}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "artifact": artifact,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(provenance or {}),
+        "files": files,
+    }
 
 
 def build_manifest(files: dict[str, Path], artifact: str, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of `files` (name in the artifact -> local path)."""
-    return _manifest(artifact, provenance, {name: {"sha256": sha256_file(path), "bytes": path.stat().st_size} for name, path in sorted(files.items())})
+    return _manifest(
+        artifact,
+        provenance,
+        {name: {"sha256": sha256_file(path), "bytes": path.stat().st_size} for name, path in sorted(files.items())},
+    )
 
 
 def folder_files(folder: Path) -> dict[str, Path]:
-    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    return {
+        p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST
+    }
 
 
 def check_manifest(manifest: dict[str, Any], files: dict[str, Path], artifact: str, where: str) -> None:
     """Raise CorruptArtifact naming the first file that is missing, of the wrong size or hash."""
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise CorruptArtifact(f"artifact {artifact} ({where}): manifest schema_version {version!r}, this code reads {SCHEMA_VERSION}")
+        raise CorruptArtifact(
+            f"artifact {artifact} ({where}): manifest schema_version {version!r}, this code reads {SCHEMA_VERSION}"
+        )
     listed = manifest.get("files")
     if not isinstance(listed, dict) or not listed:
         raise CorruptArtifact(f"artifact {artifact} ({where}): the manifest lists no files")
@@ -140,15 +160,21 @@ def check_manifest(manifest: dict[str, Any], files: dict[str, Path], artifact: s
             raise CorruptArtifact(f"artifact {artifact} ({where}): file {name} is missing")
         size = path.stat().st_size
         if size != expected["bytes"]:
-            raise CorruptArtifact(f"artifact {artifact} ({where}): file {name} has {size} bytes, the manifest says {expected['bytes']} (truncated?)")
+            raise CorruptArtifact(
+                f"artifact {artifact} ({where}): file {name} has {size} bytes, the manifest says {expected['bytes']} (truncated?)"
+            )
         if sha256_file(path) != expected["sha256"]:
-            raise CorruptArtifact(f"artifact {artifact} ({where}): file {name} does not match its sha256 in the manifest (corrupted)")
+            raise CorruptArtifact(
+                f"artifact {artifact} ({where}): file {name} does not match its sha256 in the manifest (corrupted)"
+            )
 
 
 def read_manifest(path: Path, artifact: str) -> dict[str, Any]:
     if not path.is_file():
-        raise CorruptArtifact(f"artifact {artifact}: no manifest at {path}; the step that wrote it did not finish "
-                              "(or it predates manifests): re-materialize it")
+        raise CorruptArtifact(
+            f"artifact {artifact}: no manifest at {path}; the step that wrote it did not finish "
+            "(or it predates manifests): re-materialize it"
+        )
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -228,8 +254,11 @@ def write_bytes(url: str, data: bytes, artifact: str, provenance: dict[str, Any]
     temporary file renamed into place; on S3 an object exists only once its upload completed."""
     fs, path = filesystem(url)
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    manifest = json.dumps(_manifest(artifact, provenance, {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}),
-                          indent=1, default=str).encode()
+    manifest = json.dumps(
+        _manifest(artifact, provenance, {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}),
+        indent=1,
+        default=str,
+    ).encode()
     with remote_errors(fs, f"writing artifact {artifact} to", url):
         fs.makedirs(fs._parent(path), exist_ok=True)
         side = path + SIDECAR_SUFFIX
@@ -262,18 +291,26 @@ def read_verified_bytes(url: str, artifact: str) -> bytes:
         raw_manifest = fs.cat_file(side) if fs.exists(side) else None
         data = fs.cat_file(path) if raw_manifest is not None else b""
     if raw_manifest is None:
-        raise CorruptArtifact(f"artifact {artifact}: no manifest at {url}{SIDECAR_SUFFIX}; the step that wrote it did not finish "
-                              "(or it predates manifests): re-materialize it")
+        raise CorruptArtifact(
+            f"artifact {artifact}: no manifest at {url}{SIDECAR_SUFFIX}; the step that wrote it did not finish "
+            "(or it predates manifests): re-materialize it"
+        )
     try:
         manifest = json.loads(raw_manifest)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptArtifact(f"artifact {artifact}: manifest {url}{SIDECAR_SUFFIX} is not valid JSON ({exc})") from None
+        raise CorruptArtifact(
+            f"artifact {artifact}: manifest {url}{SIDECAR_SUFFIX} is not valid JSON ({exc})"
+        ) from None
     name = path.rstrip("/").rsplit("/", 1)[-1]
     expected = (manifest.get("files") or {}).get(name)
     if manifest.get("schema_version") != SCHEMA_VERSION or expected is None:
-        raise CorruptArtifact(f"artifact {artifact} ({url}): the manifest does not describe {name} (schema_version {manifest.get('schema_version')!r})")
+        raise CorruptArtifact(
+            f"artifact {artifact} ({url}): the manifest does not describe {name} (schema_version {manifest.get('schema_version')!r})"
+        )
     if len(data) != expected["bytes"]:
-        raise CorruptArtifact(f"artifact {artifact} ({url}): {len(data)} bytes, the manifest says {expected['bytes']} (truncated?)")
+        raise CorruptArtifact(
+            f"artifact {artifact} ({url}): {len(data)} bytes, the manifest says {expected['bytes']} (truncated?)"
+        )
     if hashlib.sha256(data).hexdigest() != expected["sha256"]:
         raise CorruptArtifact(f"artifact {artifact} ({url}): does not match its sha256 in the manifest (corrupted)")
     return data

@@ -26,8 +26,11 @@ from verifiers.cascade import Cascade
 
 # The default audit, as a strict tier on every candidate: exact numeric equality for arithmetic (no
 # tolerance, no symbolic rewriting), and code re-run with the held-out tests (hard-coded answers fail).
-STRICT_DEFAULT = ["reward.strict.verifiers={arithmetic: {name: numeric, params: {rel_tol: 0.0}}, "
-                  "code: {name: unit_tests, params: {groups: [fail_to_pass, pass_to_pass, held_out]}}}", "reward.strict.select=all"]
+STRICT_DEFAULT = [
+    "reward.strict.verifiers={arithmetic: {name: numeric, params: {rel_tol: 0.0}}, "
+    "code: {name: unit_tests, params: {groups: [fail_to_pass, pass_to_pass, held_out]}}}",
+    "reward.strict.select=all",
+]
 
 
 class AuditConfig(Config):
@@ -35,11 +38,30 @@ class AuditConfig(Config):
     examples: int = Field(default=10, description="Disagreements shown in the asset's metadata.")
 
 
-@asset(group_name="rl", partitions_def=rl_rounds, retry_policy=FLAKY_STEP_RETRY, ins={"rollout_batches": AssetIn(), "verified_rewards": AssetIn(), "training_tasks": AssetIn(), "tokenizer": AssetIn()},
-       description="Stored rollouts of a round re-scored with another verifier configuration; one row per disagreement.")
-def reward_audit(context: AssetExecutionContext, config: AuditConfig, settings: FlywheelSettings, storage: ArtifactStore, sandbox: SandboxResource,
-                 tracker: MLflowTracker, rollout_batches: pd.DataFrame, verified_rewards: pd.DataFrame, training_tasks: pd.DataFrame,
-                 tokenizer: dict):
+@asset(
+    group_name="rl",
+    partitions_def=rl_rounds,
+    retry_policy=FLAKY_STEP_RETRY,
+    ins={
+        "rollout_batches": AssetIn(),
+        "verified_rewards": AssetIn(),
+        "training_tasks": AssetIn(),
+        "tokenizer": AssetIn(),
+    },
+    description="Stored rollouts of a round re-scored with another verifier configuration; one row per disagreement.",
+)
+def reward_audit(
+    context: AssetExecutionContext,
+    config: AuditConfig,
+    settings: FlywheelSettings,
+    storage: ArtifactStore,
+    sandbox: SandboxResource,
+    tracker: MLflowTracker,
+    rollout_batches: pd.DataFrame,
+    verified_rewards: pd.DataFrame,
+    training_tasks: pd.DataFrame,
+    tokenizer: dict,
+):
     cfg = settings.config
     pairs = [parse_override(text) for text in config.overrides]
     bad = [key for key, _ in pairs if not key.startswith("reward.")]
@@ -55,16 +77,43 @@ def reward_audit(context: AssetExecutionContext, config: AuditConfig, settings: 
         stats, disagreed = cascade.take_stats()
     found = disagreements(records(verified_rewards), audited, rows, tok)
     kinds = {k: sum(d["kind"] == k for d in found) for k in ("training_only", "audit_only", "scorability")}
-    summary = {**reward_summary(audited, stats, disagreed), **{f"audit/{k}": float(v) for k, v in kinds.items()},
-               "audit/disagreements": float(len(found)), "audit/rows": float(len(rows))}
-    with tracker.run(context, "reward_audit", {"overrides": config.overrides, "round": context.partition_key}) as run_id:
+    summary = {
+        **reward_summary(audited, stats, disagreed),
+        **{f"audit/{k}": float(v) for k, v in kinds.items()},
+        "audit/disagreements": float(len(found)),
+        "audit/rows": float(len(rows)),
+    }
+    with tracker.run(
+        context, "reward_audit", {"overrides": config.overrides, "round": context.partition_key}
+    ) as run_id:
         tracker.log_metrics(run_id, summary)
     context.log.info(f"audit of round {context.partition_key}: {len(found)} of {len(rows)} outcomes differ ({kinds})")
-    shown = "\n\n".join(f"**{d['kind']}** `{d['trajectory_id']}` {d['baseline_outcome']} -> {d['audit_outcome']}: "
-                        f"{d['audit_details']}\n```\n{d['completion'][:300]}\n```" for d in found[: config.examples])
-    columns = ["trajectory_id", "task_id", "kind", "baseline_outcome", "audit_outcome", "baseline_reward", "audit_reward", "audit_details", "completion"]
-    return Output(pd.DataFrame(found, columns=columns), metadata={
-        "rows_rescored": len(rows), "disagreements": len(found), **kinds, "overrides": MetadataValue.json(config.overrides),
-        "verifier_tiers": MetadataValue.md(tier_table(stats)), "examples": MetadataValue.md(shown or "no disagreements"),
-        "mlflow_run_id": run_id, "mlflow_run": tracker.run_link(run_id),
-    })
+    shown = "\n\n".join(
+        f"**{d['kind']}** `{d['trajectory_id']}` {d['baseline_outcome']} -> {d['audit_outcome']}: "
+        f"{d['audit_details']}\n```\n{d['completion'][:300]}\n```"
+        for d in found[: config.examples]
+    )
+    columns = [
+        "trajectory_id",
+        "task_id",
+        "kind",
+        "baseline_outcome",
+        "audit_outcome",
+        "baseline_reward",
+        "audit_reward",
+        "audit_details",
+        "completion",
+    ]
+    return Output(
+        pd.DataFrame(found, columns=columns),
+        metadata={
+            "rows_rescored": len(rows),
+            "disagreements": len(found),
+            **kinds,
+            "overrides": MetadataValue.json(config.overrides),
+            "verifier_tiers": MetadataValue.md(tier_table(stats)),
+            "examples": MetadataValue.md(shown or "no disagreements"),
+            "mlflow_run_id": run_id,
+            "mlflow_run": tracker.run_link(run_id),
+        },
+    )

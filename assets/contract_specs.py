@@ -90,7 +90,9 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
     ),
     "knowledge_base": (
         _Col("name", "str", unique=True, nonblank=True),
-        _Col("type", "str", value_set=("person", "company", "city", "country", "document")),  # document: a user's corpus
+        _Col(
+            "type", "str", value_set=("person", "company", "city", "country", "document")
+        ),  # document: a user's corpus
         _Col("relations", "str", json=True),
         _Col("doc_id", "str"),
         _Col("title", "str"),
@@ -136,9 +138,7 @@ _COMPOUND_UNIQUE: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 CONTRACTS: tuple[str, ...] = tuple(_SPECS)
-CONTRACT_COLUMNS: Mapping[str, tuple[str, ...]] = {
-    name: tuple(c.name for c in cols) for name, cols in _SPECS.items()
-}
+CONTRACT_COLUMNS: Mapping[str, tuple[str, ...]] = {name: tuple(c.name for c in cols) for name, cols in _SPECS.items()}
 
 # Explanations appended to failures on derived columns, so the report says what was meant.
 _DERIVED_NOTES = {
@@ -154,9 +154,7 @@ _DERIVED_NOTES = {
 
 
 def _unknown_contract(contract: str) -> ValueError:
-    return ValueError(
-        f"unknown contract {contract!r}; available contracts: {', '.join(CONTRACTS)}"
-    )
+    return ValueError(f"unknown contract {contract!r}; available contracts: {', '.join(CONTRACTS)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,11 +225,7 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_finite_number(x: Any) -> bool:
-    return (
-        isinstance(x, numbers.Real)
-        and not isinstance(x, (bool, np.bool_))
-        and math.isfinite(float(x))
-    )
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(float(x))
 
 
 def _dtype_kind(dtype: Any) -> str | None:
@@ -294,23 +288,15 @@ def derive_columns(contract: str, df: pd.DataFrame) -> pd.DataFrame:
             continue
         as_lists = [_as_list(v) for v in series.tolist()]
         lists[col.name] = as_lists
-        out[f"{col.name}_len"] = _int_series(
-            [len(v) if v is not None else None for v in as_lists], index
-        )
+        out[f"{col.name}_len"] = _int_series([len(v) if v is not None else None for v in as_lists], index)
         if col.kind == "token_ids":
             out[f"{col.name}_invalid"] = _int_series(
-                [
-                    None if v is None else sum(1 for x in v if not (_is_int(x) and x >= 0))
-                    for v in as_lists
-                ],
+                [None if v is None else sum(1 for x in v if not (_is_int(x) and x >= 0)) for v in as_lists],
                 index,
             )
         elif col.kind == "tool_mask":
             out["tool_mask_non_binary"] = _int_series(
-                [
-                    None if v is None else sum(1 for x in v if not (_is_int(x) and x in (0, 1)))
-                    for v in as_lists
-                ],
+                [None if v is None else sum(1 for x in v if not (_is_int(x) and x in (0, 1))) for v in as_lists],
                 index,
             )
             out["policy_token_count"] = _int_series(
@@ -319,10 +305,7 @@ def derive_columns(contract: str, df: pd.DataFrame) -> pd.DataFrame:
             )
         elif col.kind == "logprobs":
             out["logprobs_nonfinite"] = _int_series(
-                [
-                    None if v is None else sum(1 for x in v if not _is_finite_number(x))
-                    for v in as_lists
-                ],
+                [None if v is None else sum(1 for x in v if not _is_finite_number(x)) for v in as_lists],
                 index,
             )
             maxima = []

@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 from dagster import (
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     MetadataValue,
     asset_check,
 )
@@ -97,9 +97,7 @@ def _build_expectations(
         exps.append(gxe.ExpectColumnToExist(column=col.name))
     if contract in _EXACT_COLUMNS:
         exps.append(
-            gxe.ExpectTableColumnsToMatchSet(
-                column_set=sorted({c.name for c in cols} | derived), exact_match=True
-            )
+            gxe.ExpectTableColumnsToMatchSet(column_set=sorted({c.name for c in cols} | derived), exact_match=True)
         )
 
     for col in cols:
@@ -109,20 +107,18 @@ def _build_expectations(
         if col.kind not in _LIST_KINDS:
             exps.append(gxe.ExpectColumnValuesToNotBeNull(column=name))
             if f"{name}__type" in derived:
-                exps.append(
-                    gxe.ExpectColumnValuesToBeInSet(column=f"{name}__type", value_set=[col.kind])
-                )
+                exps.append(gxe.ExpectColumnValuesToBeInSet(column=f"{name}__type", value_set=[col.kind]))
             if col.unique:
                 exps.append(gxe.ExpectColumnValuesToBeUnique(column=name))
             if col.value_set is not None:
-                value_set = families if col.value_set == _FAMILIES else splits if col.value_set == SPLITS else col.value_set
+                value_set = (
+                    families if col.value_set == _FAMILIES else splits if col.value_set == SPLITS else col.value_set
+                )
                 exps.append(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(value_set)))
             if col.min_value is not None or col.max_value is not None:
                 max_value = max_level if col.max_value == _MAX_LEVEL else col.max_value
                 exps.append(
-                    gxe.ExpectColumnValuesToBeBetween(
-                        column=name, min_value=col.min_value, max_value=max_value
-                    )
+                    gxe.ExpectColumnValuesToBeBetween(column=name, min_value=col.min_value, max_value=max_value)
                 )
             if col.nonblank:
                 exps.append(gxe.ExpectColumnValuesToMatchRegex(column=name, regex=r"\S"))
@@ -134,32 +130,18 @@ def _build_expectations(
         exps.append(gxe.ExpectColumnValuesToNotBeNull(column=length))
         exps.append(gxe.ExpectColumnValuesToBeBetween(column=length, min_value=1))
         if col.kind == "token_ids":
-            exps.append(
-                gxe.ExpectColumnValuesToBeBetween(column=f"{name}_invalid", min_value=0, max_value=0)
-            )
+            exps.append(gxe.ExpectColumnValuesToBeBetween(column=f"{name}_invalid", min_value=0, max_value=0))
         elif col.kind == "tool_mask":
-            exps.append(
-                gxe.ExpectColumnValuesToBeBetween(
-                    column="tool_mask_non_binary", min_value=0, max_value=0
-                )
-            )
+            exps.append(gxe.ExpectColumnValuesToBeBetween(column="tool_mask_non_binary", min_value=0, max_value=0))
             exps.append(gxe.ExpectColumnValuesToBeBetween(column="policy_token_count", min_value=1))
         elif col.kind == "logprobs":
-            exps.append(
-                gxe.ExpectColumnValuesToBeBetween(column="logprobs_nonfinite", min_value=0, max_value=0)
-            )
+            exps.append(gxe.ExpectColumnValuesToBeBetween(column="logprobs_nonfinite", min_value=0, max_value=0))
             exps.append(gxe.ExpectColumnValuesToBeBetween(column="logprob_max", max_value=0.0))
         if col.kind in ("tool_mask", "logprobs") and "completion_ids_len" in derived:
-            exps.append(
-                gxe.ExpectColumnPairValuesToBeEqual(column_A=length, column_B="completion_ids_len")
-            )
+            exps.append(gxe.ExpectColumnPairValuesToBeEqual(column_A=length, column_B="completion_ids_len"))
 
     if "logprob_nonzero_on_tool" in derived:
-        exps.append(
-            gxe.ExpectColumnValuesToBeBetween(
-                column="logprob_nonzero_on_tool", min_value=0, max_value=0
-            )
-        )
+        exps.append(gxe.ExpectColumnValuesToBeBetween(column="logprob_nonzero_on_tool", min_value=0, max_value=0))
     for combo in _COMPOUND_UNIQUE.get(contract, ()):
         if all(c in present for c in combo):
             exps.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(combo)))
@@ -178,9 +160,7 @@ class _GXRuntime:
 
         self._gx = gx
         self.context = gx.get_context(mode="ephemeral")
-        self.context.variables.progress_bars = ProgressBarsConfig(
-            globally=False, metric_calculations=False
-        )
+        self.context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
         self.batch_definition = (
             self.context.data_sources.add_pandas("flywheel_contracts")
             .add_dataframe_asset("frame")
@@ -266,9 +246,7 @@ def _details(res: Any, kwargs: Mapping[str, Any], column: str | None) -> str:
         result = dict(res.result or {})
         parts: list[str] = []
         if "unexpected_count" in result:
-            parts.append(
-                f"{result.get('unexpected_count')} of {result.get('element_count')} rows unexpected"
-            )
+            parts.append(f"{result.get('unexpected_count')} of {result.get('element_count')} rows unexpected")
             examples = result.get("partial_unexpected_list") or []
             if examples:
                 parts.append(f"e.g. {_short(list(examples)[:5])}")
@@ -281,14 +259,10 @@ def _details(res: Any, kwargs: Mapping[str, Any], column: str | None) -> str:
         elif res.expectation_config.type == "expect_column_to_exist":
             parts.append("column is missing")
         expected = {
-            k: v
-            for k, v in kwargs.items()
-            if k in ("value_set", "min_value", "max_value", "regex") and v is not None
+            k: v for k, v in kwargs.items() if k in ("value_set", "min_value", "max_value", "regex") and v is not None
         }
         if expected:
-            parts.append(
-                "expected " + ", ".join(f"{k}={_short(v, 80)}" for k, v in expected.items())
-            )
+            parts.append("expected " + ", ".join(f"{k}={_short(v, 80)}" for k, v in expected.items()))
         text = "; ".join(parts) or "failed"
     note = _note_for(column)
     if note:
@@ -394,9 +368,7 @@ def _failures_markdown(report: ContractReport) -> str:
         return "No failures."
     lines = ["| expectation | column | details |", "| --- | --- | --- |"]
     for f in report.failures:
-        lines.append(
-            f"| {_md_cell(f.expectation)} | {_md_cell(f.column or '(table)')} | {_md_cell(f.details)} |"
-        )
+        lines.append(f"| {_md_cell(f.expectation)} | {_md_cell(f.column or '(table)')} | {_md_cell(f.details)} |")
     return "\n".join(lines)
 
 
@@ -422,7 +394,9 @@ def contract_check(
     """
     if contract not in _SPECS:
         raise _unknown_contract(contract)
-    families_t: tuple[str, ...] | None = None if families is None else (families,) if isinstance(families, str) else tuple(families)
+    families_t: tuple[str, ...] | None = (
+        None if families is None else (families,) if isinstance(families, str) else tuple(families)
+    )
     check_kwargs: dict[str, Any] = {}
     if partitions_def is not None:
         check_kwargs["partitions_def"] = partitions_def
@@ -435,7 +409,11 @@ def contract_check(
         blocking=True,
         description=(
             f"Great Expectations '{contract}' data contract "
-            + (f"(families={list(families_t)}, max_level={max_level})" if families_t is not None else "(the registered task families)")
+            + (
+                f"(families={list(families_t)}, max_level={max_level})"
+                if families_t is not None
+                else "(the registered task families)"
+            )
             + "; blocks downstream assets on failure."
         ),
         metadata={"contract": contract},
@@ -451,7 +429,9 @@ def contract_check(
             cfg = context.resources.settings.config  # resolving it imports the config's own family modules
             names = tuple(FAMILIES.names())
             splits = (*SPLITS, *cfg.benchmark.suites)
-            report = validate_contract(contract, frame, families=names, max_level=max(max(get_family(n).levels) for n in names), splits=splits)
+            report = validate_contract(
+                contract, frame, families=names, max_level=max(max(get_family(n).levels) for n in names), splits=splits
+            )
         else:
             report = validate_contract(contract, frame, families=families_t, max_level=max_level)
         description = report.message() or "all expectations met"

@@ -43,7 +43,9 @@ class FrameIOManager(ConfigurableIOManager):
             if exists(path):
                 data = read_verified_bytes(path, self._artifact(context))
                 return pd.read_parquet(io.BytesIO(data)) if suffix == ".parquet" else json.loads(data)
-        raise FileNotFoundError(f"no stored value for asset {context.asset_key.to_user_string()} at {self._path(context, '.{parquet,json}')}")
+        raise FileNotFoundError(
+            f"no stored value for asset {context.asset_key.to_user_string()} at {self._path(context, '.{parquet,json}')}"
+        )
 
 
 def read_stored_frame(root: str, asset: str, partition: str) -> pd.DataFrame | None:

@@ -67,27 +67,54 @@ def sft(extras: dict, log: Callable[[str], None]) -> Report:
     cfg = job_config(extras)
     storage = ArtifactStore(root=extras["storage_root"], cache_dir=extras["cache_dir"])
     if not exists(extras["trajectories"]):
-        raise FileNotFoundError(f"sft job: no stored sft_trajectories at {extras['trajectories']} (materialize sft_trajectories first)")
+        raise FileNotFoundError(
+            f"sft job: no stored sft_trajectories at {extras['trajectories']} (materialize sft_trajectories first)"
+        )
     trajectories = pd.read_parquet(io.BytesIO(read_verified_bytes(extras["trajectories"], "sft_trajectories")))
-    result = fit_sft(cfg, storage, extras["base_model"], trajectories, lambda step, m: log(sft_log_line(step, cfg.sft.steps, m)),
-                     extras.get("provenance"))
+    result = fit_sft(
+        cfg,
+        storage,
+        extras["base_model"],
+        trajectories,
+        lambda step, m: log(sft_log_line(step, cfg.sft.steps, m)),
+        extras.get("provenance"),
+    )
     last = result["history"][-1]
-    return Report([{"history": result["history"]}], {"uri": result["uri"], "trainable_parameters": result["trainable_parameters"],
-                                                      "final_loss": float(last["loss/sft"])})
+    return Report(
+        [{"history": result["history"]}],
+        {
+            "uri": result["uri"],
+            "trainable_parameters": result["trainable_parameters"],
+            "final_loss": float(last["loss/sft"]),
+        },
+    )
 
 
 def rl_round(extras: dict, log: Callable[[str], None]) -> Report:
     cfg = job_config(extras)
     storage = ArtifactStore(root=extras["storage_root"], cache_dir=extras["cache_dir"])
     round_index = int(extras["round"])
-    result, uri = fit_round(cfg, storage, SandboxResource.from_config(cfg.sandbox), extras["init"], extras["init_version"], extras["sft_checkpoint"],
-                            records(stored_frame(storage, "training_tasks")), records(stored_frame(storage, "knowledge_base")), extras["weights"],
-                            round_index, lambda step, m: log(round_log_line(round_index, cfg.rl.steps_per_round, step, m)), extras.get("provenance"))
+    result, uri = fit_round(
+        cfg,
+        storage,
+        SandboxResource.from_config(cfg.sandbox),
+        extras["init"],
+        extras["init_version"],
+        extras["sft_checkpoint"],
+        records(stored_frame(storage, "training_tasks")),
+        records(stored_frame(storage, "knowledge_base")),
+        extras["weights"],
+        round_index,
+        lambda step, m: log(round_log_line(round_index, cfg.rl.steps_per_round, step, m)),
+        extras.get("provenance"),
+    )
     if not uri:  # not rank 0: rank 0 stores and reports
         return Report()
     result_uri = store_round_result(storage, result, round_index, extras.get("provenance"))
     # A custom message, not a materialization: the step's multi-asset yields its four outputs itself.
-    return Report([{"uri": uri, "result_uri": result_uri, "steps": len(result.history), "trajectories": len(result.rollouts)}])
+    return Report(
+        [{"uri": uri, "result_uri": result_uri, "steps": len(result.history), "trajectories": len(result.rollouts)}]
+    )
 
 
 def benchmark(extras: dict, log: Callable[[str], None]) -> Report:
@@ -95,18 +122,31 @@ def benchmark(extras: dict, log: Callable[[str], None]) -> Report:
     storage = ArtifactStore(root=extras["storage_root"], cache_dir=extras["cache_dir"])
     tasks = records(stored_frame(storage, extras["tasks_asset"]))
     log(f"benchmark of {extras['pointer']['uri']} on {len(tasks)} tasks")
-    summary, per_task = evaluate_checkpoint(cfg, storage, SandboxResource.from_config(cfg.sandbox), extras["pointer"], tasks,
-                                            records(stored_frame(storage, "knowledge_base")))
+    summary, per_task = evaluate_checkpoint(
+        cfg,
+        storage,
+        SandboxResource.from_config(cfg.sandbox),
+        extras["pointer"],
+        tasks,
+        records(stored_frame(storage, "knowledge_base")),
+    )
     return Report([{"summary": summary, "per_task": per_task}])
 
 
-JOBS: dict[str, Callable[[dict, Callable[[str], None]], Report]] = {"sft": sft, "rl_round": rl_round, "benchmark": benchmark}
+JOBS: dict[str, Callable[[dict, Callable[[str], None]], Report]] = {
+    "sft": sft,
+    "rl_round": rl_round,
+    "benchmark": benchmark,
+}
 
 
 @record  # under torchrun: a rank that raises writes its error file, so the launcher names that rank
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in JOBS:
-        print(f"usage: python -m assets.jobs {{{','.join(JOBS)}}} (launched by assets/launcher.py through Dagster Pipes)", file=sys.stderr)
+        print(
+            f"usage: python -m assets.jobs {{{','.join(JOBS)}}} (launched by assets/launcher.py through Dagster Pipes)",
+            file=sys.stderr,
+        )
         return 2
     job = JOBS[argv[0]]
     if "TORCHELASTIC_RUN_ID" not in os.environ:

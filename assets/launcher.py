@@ -53,8 +53,17 @@ class JobLauncher(ConfigurableResource):
             return [python, "-m", "assets.jobs", job]
         # --redirects/--tee: each rank's output goes to its own file under log_dir and still to ours
         logs = ["--log-dir", log_dir, "--redirects", "3", "--tee", "3"] if log_dir else []
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc_per_node}", *logs,
-                "-m", "assets.jobs", job]
+        return [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={self.nproc_per_node}",
+            *logs,
+            "-m",
+            "assets.jobs",
+            job,
+        ]
 
     def launch(self, context, job: str, extras: dict[str, Any]):
         """Run `job` to completion; returns Dagster's completed Pipes invocation (its reported
@@ -63,7 +72,9 @@ class JobLauncher(ConfigurableResource):
         if self.kind == "subprocess":
             log_dir = tempfile.mkdtemp(prefix=f"flywheel-{job}-ranks-") if self.nproc_per_node > 1 else None
             try:
-                return PipesSubprocessClient(cwd=str(REPO)).run(context=context, command=self.command(job, log_dir), extras=extras)
+                return PipesSubprocessClient(cwd=str(REPO)).run(
+                    context=context, command=self.command(job, log_dir), extras=extras
+                )
             except Exception as exc:
                 if log_dir and (failed := failed_ranks(Path(log_dir))):
                     raise RankFailed(rank_failure_message(job, failed)) from exc
@@ -76,11 +87,18 @@ class JobLauncher(ConfigurableResource):
 
             image = self.image or os.environ.get("DAGSTER_CURRENT_IMAGE")
             if not image:
-                raise RuntimeError("orchestration.launcher = k8s needs an image: set orchestration.k8s.image, "
-                                   "or launch from a dagster-k8s step pod (DAGSTER_CURRENT_IMAGE)")
+                raise RuntimeError(
+                    "orchestration.launcher = k8s needs an image: set orchestration.k8s.image, "
+                    "or launch from a dagster-k8s step pod (DAGSTER_CURRENT_IMAGE)"
+                )
             return PipesK8sClient(load_incluster_config=True).run(
-                context=context, extras=extras, image=image, command=self.command(job), namespace=self.namespace,
-                base_pod_spec=json.loads(self.pod_spec_json), base_pod_meta={"labels": {"flywheel/job": job}},
+                context=context,
+                extras=extras,
+                image=image,
+                command=self.command(job),
+                namespace=self.namespace,
+                base_pod_spec=json.loads(self.pod_spec_json),
+                base_pod_meta={"labels": {"flywheel/job": job}},
             )
         raise ValueError(f"orchestration.launcher {self.kind!r} launches nothing (in_process runs in the step)")
 
@@ -106,7 +124,9 @@ def failed_ranks(log_dir: Path) -> dict[int, str]:
 
 def rank_failure_message(job: str, failed: dict[int, str], unit: str = "rank") -> str:
     """`unit`: what the keys number, a rank (torchrun's log folder) or a node (a multi-node Job's pod)."""
-    parts = [f"job {job!r}: {unit} {', '.join(map(str, sorted(failed)))} failed; re-execute the step to resume from its last state checkpoint"]
+    parts = [
+        f"job {job!r}: {unit} {', '.join(map(str, sorted(failed)))} failed; re-execute the step to resume from its last state checkpoint"
+    ]
     for index, tail in sorted(failed.items()):
         parts.append(f"--- {unit} {index}, last {TAIL_LINES} lines ---\n{tail or '(no output)'}")
     return "\n".join(parts)

@@ -75,7 +75,12 @@ def exclusive(path: Path, what: str, record: dict[str, Any], *, wait_s: float = 
                 if time.monotonic() >= deadline:
                     raise Busy(f"{what} is held by {describe(holder(path))}." + (f" {then}" if then else "")) from None
                 time.sleep(0.05)
-        mine = {**record, "pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        mine = {
+            **record,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(mine).encode(), 0)
         try:
@@ -91,6 +96,9 @@ def round_lock(cache_dir: str, context) -> contextlib.AbstractContextManager[Non
     benchmarks or registers that round. A second run of the same round is refused at once,
     naming the run in its way, before it reads or writes anything of the round."""
     key = context.partition_key
-    return exclusive(Path(cache_dir) / "locks" / f"rl-round-{key}.lock", f"RL round {key}",
-                     {"run_id": context.run_id, "step": context.op_def.name},
-                     then=f"This run stops without touching the round; wait for that run to finish (or stop it), then launch round {key} again.")
+    return exclusive(
+        Path(cache_dir) / "locks" / f"rl-round-{key}.lock",
+        f"RL round {key}",
+        {"run_id": context.run_id, "step": context.op_def.name},
+        then=f"This run stops without touching the round; wait for that run to finish (or stop it), then launch round {key} again.",
+    )

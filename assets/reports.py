@@ -12,7 +12,9 @@ def sample_trajectories_md(rollouts: list[dict], rewards: list[dict], prompts: d
     reward_of = {r["trajectory_id"]: r for r in rewards}
     lines = [f"# Sample trajectories (step {last_step})", ""]
     for family in sorted({r["family"] for r in rollouts}):
-        rows = [r for r in rollouts if r["family"] == family and r["step"] == last_step and r["trajectory_id"] in reward_of]
+        rows = [
+            r for r in rollouts if r["family"] == family and r["step"] == last_step and r["trajectory_id"] in reward_of
+        ]
         passed = [r for r in rows if reward_of[r["trajectory_id"]]["outcome"] >= 1.0]
         failed = [r for r in rows if reward_of[r["trajectory_id"]]["outcome"] < 1.0]
         picks = passed[:1] + failed[:1]
@@ -23,7 +25,18 @@ def sample_trajectories_md(rollouts: list[dict], rewards: list[dict], prompts: d
             lines += [
                 f"### {r['trajectory_id']}: reward {score['reward']:.3f} (outcome {score['outcome']:.2f}), {r['turns']} turns, "
                 f"{len(calls)} tool calls, stopped by {r['stop_reason']}",
-                "", "**Prompt**", "", "```", prompts.get(r["task_id"], "?").strip(), "```",
-                "", "**Completion** (tool observations included, masked from the loss)", "", "```", r["completion"].strip(), "```", "",
+                "",
+                "**Prompt**",
+                "",
+                "```",
+                prompts.get(r["task_id"], "?").strip(),
+                "```",
+                "",
+                "**Completion** (tool observations included, masked from the loss)",
+                "",
+                "```",
+                r["completion"].strip(),
+                "```",
+                "",
             ]
     return "\n".join(lines)

@@ -21,8 +21,19 @@ from typing import Any, Iterator
 import fsspec
 from dagster import ConfigurableResource
 
-from assets.artifacts import (MANIFEST, CorruptArtifact, atomic_folder, build_manifest, config_hash, filesystem, folder_files, remote_errors,
-                              replace_dir, verify_folder, write_json_atomic)
+from assets.artifacts import (
+    MANIFEST,
+    CorruptArtifact,
+    atomic_folder,
+    build_manifest,
+    config_hash,
+    filesystem,
+    folder_files,
+    remote_errors,
+    replace_dir,
+    verify_folder,
+    write_json_atomic,
+)
 from configs import FlywheelConfig, load_profile
 from configs.schema import SandboxConfig
 from environments.family import resolve_families
@@ -40,7 +51,11 @@ class FlywheelSettings(ConfigurableResource):
 
     def provenance(self, run_id: str | None) -> dict[str, Any]:
         """What an artifact's manifest records about who made it (assets/artifacts.py)."""
-        return {"profile": self.profile, "config_hash": config_hash(self.config.model_dump_json()), "dagster_run_id": run_id}
+        return {
+            "profile": self.profile,
+            "config_hash": config_hash(self.config.model_dump_json()),
+            "dagster_run_id": run_id,
+        }
 
 
 class ArtifactStore(ConfigurableResource):
@@ -130,10 +145,17 @@ class SandboxResource(ConfigurableResource):
 
     @contextlib.contextmanager
     def open(self) -> Iterator[Any]:
-        from verifiers.sandbox import SandboxLimits, make_sandbox
+        from verifiers.sandbox import SandboxLimits
+        from verifiers.sandboxes import make_sandbox
 
-        limits = SandboxLimits(timeout_s=self.timeout_s, cpu_s=max(1, int(self.timeout_s)), memory_mb=self.memory_mb, max_processes=self.max_processes,
-                               max_files=self.max_files, max_output_bytes=self.max_output_bytes)
+        limits = SandboxLimits(
+            timeout_s=self.timeout_s,
+            cpu_s=max(1, int(self.timeout_s)),
+            memory_mb=self.memory_mb,
+            max_processes=self.max_processes,
+            max_files=self.max_files,
+            max_output_bytes=self.max_output_bytes,
+        )
         sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image, url=self.url, token=self._token())
         try:
             yield sandbox
@@ -146,8 +168,10 @@ class SandboxResource(ConfigurableResource):
             return None
         token = os.environ.get(self.token_env)
         if not token:
-            raise ValueError(f"sandbox.kind is 'http' but the environment variable {self.token_env} (sandbox.token_env) is not set: "
-                             "it must hold the sandbox service's token")
+            raise ValueError(
+                f"sandbox.kind is 'http' but the environment variable {self.token_env} (sandbox.token_env) is not set: "
+                "it must hold the sandbox service's token"
+            )
         return token
 
 

@@ -38,7 +38,9 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.first_delay_s < 0 or self.max_delay_s < self.first_delay_s or self.budget_s < 0:
-            raise ValueError(f"invalid back-off {self}: needs attempts >= 1 and 0 <= first_delay_s <= max_delay_s, budget_s >= 0")
+            raise ValueError(
+                f"invalid back-off {self}: needs attempts >= 1 and 0 <= first_delay_s <= max_delay_s, budget_s >= 0"
+            )
 
 
 def backoff_delays(policy: Backoff, rng: random.Random) -> list[float]:
@@ -53,9 +55,17 @@ def redact(text: str) -> str:
     return re.sub(r"(?<=://)[^/@\s]+@", "***@", text)
 
 
-def call_with_retries(fn: Callable[[], T], *, operation: str, store: str, is_transient: Callable[[BaseException], bool],
-                      policy: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
-                      clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> T:
+def call_with_retries(
+    fn: Callable[[], T],
+    *,
+    operation: str,
+    store: str,
+    is_transient: Callable[[BaseException], bool],
+    policy: Backoff = Backoff(),
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> T:
     """`fn()`, called again after a pause each time it raises an error `is_transient` accepts;
     StoreUnavailable once the attempts or the time budget are spent."""
     start = clock()
@@ -71,8 +81,16 @@ def call_with_retries(fn: Callable[[], T], *, operation: str, store: str, is_tra
                 raise StoreUnavailable(
                     f"{redact(store)} unavailable: {operation} failed {attempt} time(s) over {elapsed:.1f}s "
                     f"(back-off: {policy.attempts} attempts, {policy.budget_s:.0f}s budget); the step stops here rather than go on without it. "
-                    f"Last error: {type(exc).__name__}: {redact(str(exc))[:500]}") from exc
-            log.warning("%s: %s failed (%s), attempt %d of %d; retrying in %.1fs", redact(store), operation, type(exc).__name__,
-                        attempt, policy.attempts, delays[attempt - 1])
+                    f"Last error: {type(exc).__name__}: {redact(str(exc))[:500]}"
+                ) from exc
+            log.warning(
+                "%s: %s failed (%s), attempt %d of %d; retrying in %.1fs",
+                redact(store),
+                operation,
+                type(exc).__name__,
+                attempt,
+                policy.attempts,
+                delays[attempt - 1],
+            )
             sleep(delays[attempt - 1])
     raise AssertionError("unreachable: the last attempt returns or raises")

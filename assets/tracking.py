@@ -45,8 +45,18 @@ RETRY = Backoff(attempts=6, first_delay_s=1.0, max_delay_s=30.0, budget_s=120.0)
 # MLflow error codes that say the store is unavailable, not that the request was wrong: sqlite's
 # "database is locked" / "unable to open database file" arrive as TEMPORARILY_UNAVAILABLE, a server
 # that cannot be reached as INTERNAL_ERROR, HTTP 503/504/429 as the codes they map to.
-TRANSIENT_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "IO_ERROR", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED",
-                             "RESOURCE_EXHAUSTED", "SERVICE_UNDER_MAINTENANCE", "COULD_NOT_ACQUIRE_LOCK"})
+TRANSIENT_CODES = frozenset(
+    {
+        "TEMPORARILY_UNAVAILABLE",
+        "INTERNAL_ERROR",
+        "IO_ERROR",
+        "DEADLINE_EXCEEDED",
+        "REQUEST_LIMIT_EXCEEDED",
+        "RESOURCE_EXHAUSTED",
+        "SERVICE_UNDER_MAINTENANCE",
+        "COULD_NOT_ACQUIRE_LOCK",
+    }
+)
 T = TypeVar("T")
 
 
@@ -107,8 +117,12 @@ class RetryingClient:
             return getattr(self._tracker.raw_client(), name)
 
         def call(*args, **kwargs):
-            named = ", ".join(repr(a)[:40] for a in args if isinstance(a, str))  # run ids, model names: which call it was
-            return self._tracker.retry(f"{name}({named})", lambda: getattr(self._tracker.raw_client(), name)(*args, **kwargs))
+            named = ", ".join(
+                repr(a)[:40] for a in args if isinstance(a, str)
+            )  # run ids, model names: which call it was
+            return self._tracker.retry(
+                f"{name}({named})", lambda: getattr(self._tracker.raw_client(), name)(*args, **kwargs)
+            )
 
         return call
 
@@ -142,9 +156,19 @@ class MLflowTracker(ConfigurableResource):
     def retry(self, operation: str, fn: Callable[[], T]) -> T:
         """`fn()` (calls on the store), retried while the store is unavailable; StoreUnavailable
         naming the tracking URI and `operation` once the back-off is spent."""
-        policy = Backoff(self.retry_attempts, self.retry_first_delay_s, max(RETRY.max_delay_s, self.retry_first_delay_s), self.retry_budget_s)
-        return call_with_retries(fn, operation=operation, store=f"MLflow tracking store {self.tracking_uri}",
-                                 is_transient=store_unavailable, policy=policy)
+        policy = Backoff(
+            self.retry_attempts,
+            self.retry_first_delay_s,
+            max(RETRY.max_delay_s, self.retry_first_delay_s),
+            self.retry_budget_s,
+        )
+        return call_with_retries(
+            fn,
+            operation=operation,
+            store=f"MLflow tracking store {self.tracking_uri}",
+            is_transient=store_unavailable,
+            policy=policy,
+        )
 
     def experiment_id(self) -> str:
         """The experiment's id, created on first use. Two steps (or an attempt whose reply was
@@ -167,8 +191,12 @@ class MLflowTracker(ConfigurableResource):
         children run later, possibly in other processes, and it only holds their summary."""
         client = self.client()
         experiment_id = self.experiment_id()
-        found = client.search_runs([experiment_id], filter_string=f"tags.`{GROUP_TAG}` = '{group}' and tags.`flywheel.role` = 'group'",
-                                   order_by=["attributes.start_time ASC"], max_results=1)
+        found = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{GROUP_TAG}` = '{group}' and tags.`flywheel.role` = 'group'",
+            order_by=["attributes.start_time ASC"],
+            max_results=1,
+        )
         if found:  # the oldest: two steps racing to create it converge on one next time
             return found[0].info.run_id
         run = client.create_run(experiment_id, run_name=group, tags={GROUP_TAG: group, "flywheel.role": "group"})
@@ -189,11 +217,17 @@ class MLflowTracker(ConfigurableResource):
         group = group_of(context)
         parent = self.group_run(group)
         partition = context.partition_key if context.has_partition_key else ""
-        tags = {"dagster.run_id": context.run_id, "dagster.asset": name, "dagster.partition": partition, GROUP_TAG: group,
-                PARENT_RUN_ID_TAG: parent}
+        tags = {
+            "dagster.run_id": context.run_id,
+            "dagster.asset": name,
+            "dagster.partition": partition,
+            GROUP_TAG: group,
+            PARENT_RUN_ID_TAG: parent,
+        }
         client = self.client()
-        run_id = client.create_run(self.experiment_id(), run_name=f"{name}{'-' + partition if partition else ''}",
-                                   tags=resolve_tags(tags)).info.run_id  # resolve_tags: the user and source tags start_run adds
+        run_id = client.create_run(
+            self.experiment_id(), run_name=f"{name}{'-' + partition if partition else ''}", tags=resolve_tags(tags)
+        ).info.run_id  # resolve_tags: the user and source tags start_run adds
         try:
             if params:
                 client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in flatten(params).items()])
@@ -224,7 +258,12 @@ class MLflowTracker(ConfigurableResource):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, int(h["step"])) for h in history for k, v in h.items() if k != "step" and v is not None]
+        metrics = [
+            Metric(k, float(v), now, int(h["step"]))
+            for h in history
+            for k, v in h.items()
+            if k != "step" and v is not None
+        ]
         client = self.client()
         for i in range(0, len(metrics), 900):
             client.log_batch(run_id, metrics=metrics[i : i + 900])
@@ -256,7 +295,10 @@ class MLflowTracker(ConfigurableResource):
         import mlflow
 
         self.client()
-        path = self.retry(f"download_artifacts({run_id!r}, {name!r})", lambda: mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name))
+        path = self.retry(
+            f"download_artifacts({run_id!r}, {name!r})",
+            lambda: mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name),
+        )
         return json.loads(Path(path).read_text())
 
     @contextlib.contextmanager
@@ -268,10 +310,18 @@ class MLflowTracker(ConfigurableResource):
         and the run queue keeps two runs of one round apart across machines (pipelines/instance.py)."""
         prefix = "sqlite:///"
         if self.tracking_uri.startswith(prefix):
-            path = Path(self.tracking_uri[len(prefix):] + ".lock")
+            path = Path(self.tracking_uri[len(prefix) :] + ".lock")
         else:
-            path = Path(tempfile.gettempdir()) / f"mlflow-registry-{hashlib.sha256(self.tracking_uri.encode()).hexdigest()[:12]}.lock"
-        with exclusive(path, f"the model registry {self.registered_model!r}", {"store": self.tracking_uri}, wait_s=REGISTRY_LOCK_WAIT_S):
+            path = (
+                Path(tempfile.gettempdir())
+                / f"mlflow-registry-{hashlib.sha256(self.tracking_uri.encode()).hexdigest()[:12]}.lock"
+            )
+        with exclusive(
+            path,
+            f"the model registry {self.registered_model!r}",
+            {"store": self.tracking_uri},
+            wait_s=REGISTRY_LOCK_WAIT_S,
+        ):
             yield
 
     def registered_version(self, tags: dict[str, str]):
@@ -306,12 +356,23 @@ class MLflowTracker(ConfigurableResource):
             nonlocal attempts
             attempts += 1
             raw = self.raw_client()
-            made = [v for v in raw.search_model_versions(f"name='{self.registered_model}' and run_id='{run_id}'")
-                    if v.source == source] if attempts > 1 else []
-            return made[0] if made else raw.create_model_version(self.registered_model, source, run_id=run_id, tags=tags)
+            made = (
+                [
+                    v
+                    for v in raw.search_model_versions(f"name='{self.registered_model}' and run_id='{run_id}'")
+                    if v.source == source
+                ]
+                if attempts > 1
+                else []
+            )
+            return (
+                made[0] if made else raw.create_model_version(self.registered_model, source, run_id=run_id, tags=tags)
+            )
 
         with self.registry_lock():  # registered meanwhile by another run? then that version, not a second one
-            return self.registered_version(tags) or self.retry(f"create_model_version({self.registered_model!r}, run {run_id!r})", create_once)
+            return self.registered_version(tags) or self.retry(
+                f"create_model_version({self.registered_model!r}, run {run_id!r})", create_once
+            )
 
     def version_by_alias(self, alias: str):
         from mlflow.exceptions import MlflowException
@@ -366,11 +427,15 @@ class MLflowTracker(ConfigurableResource):
             history, was = self.champion_history(), str(current.version)
             earlier = [i for i, v in enumerate(history) if v != was]
             if not earlier:
-                raise LookupError(f"version {was} is the only champion {self.registered_model!r} has had: nothing to roll back to")
+                raise LookupError(
+                    f"version {was} is the only champion {self.registered_model!r} has had: nothing to roll back to"
+                )
             target = history[earlier[-1]]
             client = self.client()
             client.set_registered_model_alias(self.registered_model, CHAMPION, target)
-            client.set_registered_model_tag(self.registered_model, CHAMPION_HISTORY_TAG, json.dumps(history[: earlier[-1] + 1]))
+            client.set_registered_model_tag(
+                self.registered_model, CHAMPION_HISTORY_TAG, json.dumps(history[: earlier[-1] + 1])
+            )
             client.set_model_version_tag(self.registered_model, was, "rolled_back", "true")
         return was, target
 
@@ -385,12 +450,19 @@ class MLflowTracker(ConfigurableResource):
         rows = []
         for v in versions:
             metrics = client.get_run(v.run_id).data.metrics if v.run_id else {}
-            rows.append({
-                "version": str(v.version), "stage": v.tags.get("stage", ""), "round": v.tags.get("round", ""),
-                "pass_at_1": metrics.get("pass_at_1", math.nan), "ci_low": metrics.get("pass_at_1_ci_low", math.nan),
-                "ci_high": metrics.get("pass_at_1_ci_high", math.nan), "aliases": ",".join(sorted(aliases.get(str(v.version), []))),
-                "promoted_by": v.tags.get("promoted_by", ""), "blocked_by": v.tags.get("blocked_by", ""),
-            })
+            rows.append(
+                {
+                    "version": str(v.version),
+                    "stage": v.tags.get("stage", ""),
+                    "round": v.tags.get("round", ""),
+                    "pass_at_1": metrics.get("pass_at_1", math.nan),
+                    "ci_low": metrics.get("pass_at_1_ci_low", math.nan),
+                    "ci_high": metrics.get("pass_at_1_ci_high", math.nan),
+                    "aliases": ",".join(sorted(aliases.get(str(v.version), []))),
+                    "promoted_by": v.tags.get("promoted_by", ""),
+                    "blocked_by": v.tags.get("blocked_by", ""),
+                }
+            )
         return rows
 
     def versions(self) -> list:

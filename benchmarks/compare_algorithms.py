@@ -40,7 +40,9 @@ def foundation(profile: str, overrides: dict, home: Path):
     instance = DagsterInstance.get()
     if instance.get_latest_materialization_event(AssetKey("sft_checkpoint")) is None:
         print(f"[compare] materializing the foundation in {home}", flush=True)
-        result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance, run_config=CONSOLE, raise_on_error=False)
+        result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(
+            instance=instance, run_config=CONSOLE, raise_on_error=False
+        )
         if not result.success:
             raise SystemExit(failure_message(result, FOUNDATION_JOB))
     load = lambda name: defs.load_asset_value(name, instance=instance)  # noqa: E731
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from assets.resources import SandboxResource
     from environments.families import build_tools
     from environments.search import kb_from_rows
     from training.algorithms import resolve_algorithm
@@ -72,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     from training.rl_loop import train_round
     from training.rollout_engines import HFEngine
     from verifiers.cascade import Cascade
-    from assets.resources import SandboxResource
 
     torch.set_num_threads(cfg.threads)
     training_tasks, benchmark_tasks, knowledge_base, sft = foundation(args.profile, overrides, args.home)
@@ -86,8 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
 
     def evaluate(model) -> dict[str, float]:
-        rows = evaluate_policy(HFEngine(model), tok, bench, tools, cfg.rollout, cascade, samples_per_task=cfg.benchmark.samples_per_task, greedy=False,
-                               temperature=cfg.benchmark.temperature, seed=cfg.seed, batch_size=cfg.benchmark.batch_size)
+        rows = evaluate_policy(
+            HFEngine(model),
+            tok,
+            bench,
+            tools,
+            cfg.rollout,
+            cascade,
+            samples_per_task=cfg.benchmark.samples_per_task,
+            greedy=False,
+            temperature=cfg.benchmark.temperature,
+            seed=cfg.seed,
+            batch_size=cfg.benchmark.batch_size,
+        )
         return {r["task_id"]: r["score"] for r in rows}
 
     print(f"[compare] SFT checkpoint {sft_path}: evaluating on {len(bench)} held-out tasks", flush=True)
@@ -100,33 +113,73 @@ def main(argv: list[str] | None = None) -> int:
             rl = cfg.rl.model_copy(update={"algorithm": name})
             algo = resolve_algorithm(rl)
             policy = load_policy(sft_path, cfg.model.dtype)
-            reference = load_policy(sft_path, cfg.model.dtype).requires_grad_(False).eval() if algo.needs_reference else None
+            reference = (
+                load_policy(sft_path, cfg.model.dtype).requires_grad_(False).eval() if algo.needs_reference else None
+            )
             started = time.perf_counter()
 
-            def progress(step: int, m: dict[str, float], name=name) -> None:
+            def progress(step: int, m: dict[str, float], name=name, rl=rl) -> None:
                 if step % 5 == 0 or step == rl.steps_per_round:
-                    print(f"[compare] {name} step {step}/{rl.steps_per_round}: reward={m['reward/total/mean']:.3f} "
-                          f"pass={m['reward/outcome/pass_rate']:.3f} entropy={m.get('actor/entropy', float('nan')):.3f}", flush=True)
+                    print(
+                        f"[compare] {name} step {step}/{rl.steps_per_round}: reward={m['reward/total/mean']:.3f} "
+                        f"pass={m['reward/outcome/pass_rate']:.3f} entropy={m.get('actor/entropy', float('nan')):.3f}",
+                        flush=True,
+                    )
 
-            result = train_round(policy, reference, tok, tasks, tools, rl=rl, rollout=cfg.rollout, cascade=cascade, round_index=1,
-                                 policy_version="sft", seed=seed * 1000 + 1, engine_cfg=cfg.engine, on_step=progress)
+            result = train_round(
+                policy,
+                reference,
+                tok,
+                tasks,
+                tools,
+                rl=rl,
+                rollout=cfg.rollout,
+                cascade=cascade,
+                round_index=1,
+                policy_version="sft",
+                seed=seed * 1000 + 1,
+                engine_cfg=cfg.engine,
+                on_step=progress,
+            )
             train_minutes = (time.perf_counter() - started) / 60
             scores = evaluate(policy)
             mean, low, high = mean_ci(list(scores.values()), cfg.benchmark.confidence)
             gain = paired_difference(scores, sft_scores, cfg.benchmark.confidence)
             report = detect_collapse(result.history, rl.collapse)
-            rows.append({"algorithm": name, "seed": seed, "pass_at_1": mean, "ci": [low, high], "gain": list(gain), "train_minutes": train_minutes,
-                         "final_entropy": result.history[-1].get("actor/entropy"),
-                         "mean_clip_frac": _mean(result.history, "actor/clip_frac"), "mean_kl_ref": _mean(result.history, "actor/kl_ref"), "collapse_warnings": [f"{w.signal}@{w.first_step}" for w in report.warnings],
-                         "first_warning_step": report.first_warning_step, "reward_drop_step": report.reward_drop_step})
+            rows.append(
+                {
+                    "algorithm": name,
+                    "seed": seed,
+                    "pass_at_1": mean,
+                    "ci": [low, high],
+                    "gain": list(gain),
+                    "train_minutes": train_minutes,
+                    "final_entropy": result.history[-1].get("actor/entropy"),
+                    "mean_clip_frac": _mean(result.history, "actor/clip_frac"),
+                    "mean_kl_ref": _mean(result.history, "actor/kl_ref"),
+                    "collapse_warnings": [f"{w.signal}@{w.first_step}" for w in report.warnings],
+                    "first_warning_step": report.first_warning_step,
+                    "reward_drop_step": report.reward_drop_step,
+                }
+            )
             curves[f"{name}/{seed}"] = result.history
-            print(f"[compare] {name} seed {seed}: pass@1 {mean:.3f} [{low:.3f}, {high:.3f}], gain {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}] "
-                  f"({train_minutes:.1f} min)", flush=True)
+            print(
+                f"[compare] {name} seed {seed}: pass@1 {mean:.3f} [{low:.3f}, {high:.3f}], gain {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}] "
+                f"({train_minutes:.1f} min)",
+                flush=True,
+            )
     sandbox.__exit__(None, None, None)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"algorithms-{args.profile}{args.tag}"
-    meta = {"profile": args.profile, "overrides": overrides, "benchmark_tasks": len(bench), "steps": cfg.rl.steps_per_round,
-            "prompts_per_step": cfg.rl.prompts_per_step, "group_size": cfg.rl.group_size, "command": " ".join(["benchmarks/compare_algorithms.py", *(argv or sys.argv[1:])])}
+    meta = {
+        "profile": args.profile,
+        "overrides": overrides,
+        "benchmark_tasks": len(bench),
+        "steps": cfg.rl.steps_per_round,
+        "prompts_per_step": cfg.rl.prompts_per_step,
+        "group_size": cfg.rl.group_size,
+        "command": " ".join(["benchmarks/compare_algorithms.py", *(argv or sys.argv[1:])]),
+    }
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "histories": curves}, indent=1))
     table = to_markdown(rows)
     stem.with_suffix(".md").write_text(table + "\n")
@@ -141,16 +194,20 @@ def _mean(history: list[dict], key: str) -> float | None:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    lines = ["| algorithm | seed | pass@1 [95% CI] | gain over SFT [paired 95% CI] | RL minutes | final entropy | mean clip fraction | collapse warnings (signal@step) | reward drop step |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | seed | pass@1 [95% CI] | gain over SFT [paired 95% CI] | RL minutes | final entropy | mean clip fraction | collapse warnings (signal@step) | reward drop step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         gain = f"**{r['gain'][0]:+.3f}** [{r['gain'][1]:+.3f}, {r['gain'][2]:+.3f}]" if "gain" in r else "-"
         minutes = f"{r['train_minutes']:.1f}" if "train_minutes" in r else "-"
         entropy = f"{r['final_entropy']:.3f}" if r.get("final_entropy") is not None else "-"
         clip = f"{r['mean_clip_frac']:.3f}" if r.get("mean_clip_frac") is not None else "-"
         warnings = ", ".join(r.get("collapse_warnings", [])) or "none" if "gain" in r else "-"
-        lines.append(f"| {r['algorithm']} | {r['seed'] if r['seed'] is not None else '-'} | {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
-                     f"| {gain} | {minutes} | {entropy} | {clip} | {warnings} | {r.get('reward_drop_step') or ('none' if 'gain' in r else '-')} |")
+        lines.append(
+            f"| {r['algorithm']} | {r['seed'] if r['seed'] is not None else '-'} | {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
+            f"| {gain} | {minutes} | {entropy} | {clip} | {warnings} | {r.get('reward_drop_step') or ('none' if 'gain' in r else '-')} |"
+        )
     return "\n".join(lines)
 
 

@@ -62,11 +62,24 @@ def step_spans(home: Path) -> list[dict]:
     for run in reversed(instance.get_runs()):
         partition = run.tags.get("dagster/partition", "")
         starts = {e.step_key: e.timestamp for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)}
-        ends = {e.step_key: (e.timestamp, e.dagster_event.event_type_value)
-                for e in instance.all_logs(run.run_id, of_type={DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE})}
+        ends = {
+            e.step_key: (e.timestamp, e.dagster_event.event_type_value)
+            for e in instance.all_logs(
+                run.run_id, of_type={DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE}
+            )
+        }
         for step, start in sorted(starts.items(), key=lambda kv: kv[1]):
             end, outcome = ends.get(step, (None, "unfinished"))
-            spans.append({"job": run.job_name, "partition": partition, "step": step, "start": start, "end": end, "outcome": outcome})
+            spans.append(
+                {
+                    "job": run.job_name,
+                    "partition": partition,
+                    "step": step,
+                    "start": start,
+                    "end": end,
+                    "outcome": outcome,
+                }
+            )
     return spans
 
 
@@ -81,7 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.home, ignore_errors=True)  # a fresh home: every asset is materialized once
     env = {**os.environ, "FLYWHEEL_HOME": str(args.home)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    command = [sys.executable, "-m", "pipelines.run", "--profile", args.profile, *[a for s in args.set for a in ("--set", s)]]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.run",
+        "--profile",
+        args.profile,
+        *[a for s in args.set for a in ("--set", s)],
+    ]
     samples: list[tuple[float, float]] = []
     started = time.time()
     proc = subprocess.Popen(command, cwd=ROOT, env=env)
@@ -95,17 +115,36 @@ def main(argv: list[str] | None = None) -> int:
     for span in step_spans(args.home):
         during = [mb for t, mb in samples if span["start"] <= t <= (span["end"] or t)]
         wall = (span["end"] or span["start"]) - span["start"]
-        rows.append({**{k: span[k] for k in ("job", "partition", "step", "outcome")}, "wall_s": round(wall, 1), "share": round(wall / total, 3),
-                     "peak_rss_mb": round(max(during), 0) if during else None})
+        rows.append(
+            {
+                **{k: span[k] for k in ("job", "partition", "step", "outcome")},
+                "wall_s": round(wall, 1),
+                "share": round(wall / total, 3),
+                "peak_rss_mb": round(max(during), 0) if during else None,
+            }
+        )
     steps_s = sum(r["wall_s"] for r in rows)
-    summary = {"command": " ".join(["benchmarks/flywheel_by_asset.py", *(argv or sys.argv[1:])]), "flywheel_s": round(total, 1),
-               "in_steps_s": round(steps_s, 1), "peak_rss_mb": round(max(mb for _, mb in samples), 0), "rows": rows}
+    summary = {
+        "command": " ".join(["benchmarks/flywheel_by_asset.py", *(argv or sys.argv[1:])]),
+        "flywheel_s": round(total, 1),
+        "in_steps_s": round(steps_s, 1),
+        "peak_rss_mb": round(max(mb for _, mb in samples), 0),
+        "rows": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "flywheel-by-asset.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"`make run` flywheel (profile {args.profile}{', ' + ', '.join(args.set) if args.set else ''}): {total / 60:.1f} min, "
-             f"{steps_s / total:.0%} of it inside steps (the rest: process start, imports, Dagster between steps); peak memory of the process tree "
-             f"{summary['peak_rss_mb']:.0f} MB", "", "| job | round | step | wall (s) | share | peak RSS (MB) |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['job']} | {r['partition'] or '-'} | {r['step']} | {r['wall_s']} | {r['share']:.1%} | {r['peak_rss_mb'] or '-'} |" for r in rows]  # -: ended between two samples
+    lines = [
+        f"`make run` flywheel (profile {args.profile}{', ' + ', '.join(args.set) if args.set else ''}): {total / 60:.1f} min, "
+        f"{steps_s / total:.0%} of it inside steps (the rest: process start, imports, Dagster between steps); peak memory of the process tree "
+        f"{summary['peak_rss_mb']:.0f} MB",
+        "",
+        "| job | round | step | wall (s) | share | peak RSS (MB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['job']} | {r['partition'] or '-'} | {r['step']} | {r['wall_s']} | {r['share']:.1%} | {r['peak_rss_mb'] or '-'} |"
+        for r in rows
+    ]  # -: ended between two samples
     (args.out / "flywheel-by-asset.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

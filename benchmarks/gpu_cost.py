@@ -86,7 +86,9 @@ def decode_tokens_per_s(model: Model, gpu: Gpu, concurrency: int, context: int, 
     """Batched decode of one engine (one GPU; tensor parallel = 1): each step reads the weights once
     and every sequence's KV cache, or is compute-bound, whichever is slower."""
     weight_bytes = model.params_b * 1e9 * 2
-    read_s = (weight_bytes + concurrency * context * model.kv_bytes_per_token()) / (gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
+    read_s = (weight_bytes + concurrency * context * model.kv_bytes_per_token()) / (
+        gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
+    )
     compute_s = 2 * model.params_b * 1e9 * concurrency / (gpu.bf16_tflops * 1e12 * mfu)
     return concurrency / max(read_s, compute_s)
 
@@ -109,10 +111,14 @@ def measured_cpu_side() -> dict:
     rollout = json.loads((RESULTS / "rollout-engines.json").read_text())
     vllm_tiny = next(r for r in rollout["rows"] if r["engine"] == "vllm" and r["size"] == "tiny")
     sandbox = json.loads((RESULTS / "verifier_throughput.json").read_text())["sandbox"]
-    return {"tool_calls_per_episode": vllm_tiny["tool_call_rate"],
-            "generated_tokens_per_episode_tiny": sum(n for n, _ in vllm_tiny["pure_runs"]) / len(vllm_tiny["pure_runs"]) / vllm_tiny["episodes"],
-            "sandbox_ms_per_call": sandbox["sandbox ms per call (one at a time)"],
-            "sources": ["benchmarks/results/rollout-engines.json", "benchmarks/results/verifier_throughput.json"]}
+    return {
+        "tool_calls_per_episode": vllm_tiny["tool_call_rate"],
+        "generated_tokens_per_episode_tiny": sum(n for n, _ in vllm_tiny["pure_runs"])
+        / len(vllm_tiny["pure_runs"])
+        / vllm_tiny["episodes"],
+        "sandbox_ms_per_call": sandbox["sandbox ms per call (one at a time)"],
+        "sources": ["benchmarks/results/rollout-engines.json", "benchmarks/results/verifier_throughput.json"],
+    }
 
 
 def estimate(cfg, key: str, episode_tokens: int, prompt_tokens: int, cpu: dict, mfu: float) -> dict:
@@ -124,8 +130,13 @@ def estimate(cfg, key: str, episode_tokens: int, prompt_tokens: int, cpu: dict, 
     peak = gpu.bf16_tflops * 1e12 * mfu
 
     # Rollout: every GPU runs its own engine on 1/gpus of the episodes (data parallel).
-    concurrency = kv_concurrency(model, gpu, cfg.rollout.max_total_tokens, cfg.rl.prompts_per_step * cfg.rl.group_size // gpu.gpus,
-                                 gpu.vllm_memory_fraction)
+    concurrency = kv_concurrency(
+        model,
+        gpu,
+        cfg.rollout.max_total_tokens,
+        cfg.rl.prompts_per_step * cfg.rl.group_size // gpu.gpus,
+        gpu.vllm_memory_fraction,
+    )
     trainer_room = gpu.memory_gb * (1 - gpu.vllm_memory_fraction)
     decode_rate = decode_tokens_per_s(model, gpu, concurrency, episode_tokens // 2, mfu)
     prefill_s = 2 * n * prompt_tokens / peak  # prompts and tool observations, compute-bound
@@ -137,59 +148,112 @@ def estimate(cfg, key: str, episode_tokens: int, prompt_tokens: int, cpu: dict, 
     bench_s = bench_episodes / gpu.gpus * (generated / decode_rate + prefill_s)
     sft_s = 6 * n * cfg.sft.steps * cfg.sft.batch_size * episode_tokens / (peak * gpu.gpus)
     round_h = (rollout_s + train_s + bench_s) / 3600
-    return {"model": model.name, "instance": f"{gpu.instance} ({gpu.gpus} x {gpu.name})", "episode_tokens": episode_tokens,
-            "vllm_memory_fraction": gpu.vllm_memory_fraction, "trainer_state_gb_per_gpu": round(trainer_gb(model, gpu.gpus), 1),
-            "fits": trainer_gb(model, gpu.gpus) + 2 <= trainer_room,
-            "episodes_per_round": episodes, "benchmark_episodes": bench_episodes, "engine_concurrency": concurrency,
-            "decode_tokens_per_s_per_gpu": round(decode_rate), "rollout_h": rollout_s / 3600, "train_h": train_s / 3600,
-            "benchmark_h": bench_s / 3600, "tools_cpu_h": tools_cpu_s / 3600, "round_wall_h": round_h,
-            "round_gpu_h": round_h * gpu.gpus, "sft_gpu_h": sft_s / 3600 * gpu.gpus}
+    return {
+        "model": model.name,
+        "instance": f"{gpu.instance} ({gpu.gpus} x {gpu.name})",
+        "episode_tokens": episode_tokens,
+        "vllm_memory_fraction": gpu.vllm_memory_fraction,
+        "trainer_state_gb_per_gpu": round(trainer_gb(model, gpu.gpus), 1),
+        "fits": trainer_gb(model, gpu.gpus) + 2 <= trainer_room,
+        "episodes_per_round": episodes,
+        "benchmark_episodes": bench_episodes,
+        "engine_concurrency": concurrency,
+        "decode_tokens_per_s_per_gpu": round(decode_rate),
+        "rollout_h": rollout_s / 3600,
+        "train_h": train_s / 3600,
+        "benchmark_h": bench_s / 3600,
+        "tools_cpu_h": tools_cpu_s / 3600,
+        "round_wall_h": round_h,
+        "round_gpu_h": round_h * gpu.gpus,
+        "sft_gpu_h": sft_s / 3600 * gpu.gpus,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="cluster")
     parser.add_argument("--models", default="0.5b,1.5b,7b")
-    parser.add_argument("--episode-tokens", default="512,1024,2048,4096", help="Whole-episode lengths to tabulate (prompt + generated + observations).")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="Prompt and tool-observation tokens of an episode (prefill, not decoded).")
+    parser.add_argument(
+        "--episode-tokens",
+        default="512,1024,2048,4096",
+        help="Whole-episode lengths to tabulate (prompt + generated + observations).",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=256,
+        help="Prompt and tool-observation tokens of an episode (prefill, not decoded).",
+    )
     parser.add_argument("--mfu", type=float, default=MFU)
     parser.add_argument("--out", default=str(RESULTS / "gpu-cost"))
     args = parser.parse_args()
 
     # The cluster profile reads its bucket and images from the environment; the estimate needs
     # neither, so placeholders stand in for anything unset.
-    for name in ("FLYWHEEL_ARTIFACT_ROOT", "FLYWHEEL_IMAGE", "FLYWHEEL_TRAINER_IMAGE", "FLYWHEEL_SANDBOX_IMAGE", "MLFLOW_TRACKING_URI"):
+    for name in (
+        "FLYWHEEL_ARTIFACT_ROOT",
+        "FLYWHEEL_IMAGE",
+        "FLYWHEEL_TRAINER_IMAGE",
+        "FLYWHEEL_SANDBOX_IMAGE",
+        "MLFLOW_TRACKING_URI",
+    ):
         os.environ.setdefault(name, "unset")
     cfg = load_profile(args.profile)
     cpu = measured_cpu_side()
-    rows = [estimate(cfg, key, int(t), args.prompt_tokens, cpu, args.mfu)
-            for key in args.models.split(",") for t in args.episode_tokens.split(",") if int(t) <= cfg.rollout.max_total_tokens]
+    rows = [
+        estimate(cfg, key, int(t), args.prompt_tokens, cpu, args.mfu)
+        for key in args.models.split(",")
+        for t in args.episode_tokens.split(",")
+        if int(t) <= cfg.rollout.max_total_tokens
+    ]
 
-    fit_lines = ["Full fine-tuning next to a colocated vLLM engine (2 GB kept for activations):", "",
-                 "| model | instance | vLLM share | trainer state GB/GPU | room GB | fits |", "|---|---|---|---|---|---|"]
+    fit_lines = [
+        "Full fine-tuning next to a colocated vLLM engine (2 GB kept for activations):",
+        "",
+        "| model | instance | vLLM share | trainer state GB/GPU | room GB | fits |",
+        "|---|---|---|---|---|---|",
+    ]
     for key in args.models.split(","):
         for gpu in GPUS.values():
             state, room = trainer_gb(MODELS[key], gpu.gpus), gpu.memory_gb * (1 - gpu.vllm_memory_fraction)
-            fit_lines.append(f"| {MODELS[key].name} | {gpu.instance} ({gpu.gpus} x {gpu.name}) | {gpu.vllm_memory_fraction} | {state:.1f} | "
-                             f"{room:.1f} | {'yes' if state + 2 <= room else 'no'} |")
+            fit_lines.append(
+                f"| {MODELS[key].name} | {gpu.instance} ({gpu.gpus} x {gpu.name}) | {gpu.vllm_memory_fraction} | {state:.1f} | "
+                f"{room:.1f} | {'yes' if state + 2 <= room else 'no'} |"
+            )
     header = "| model | instance | tokens/episode | decode tok/s/GPU | rollout h | train h | benchmark h | GPU-hours/round | SFT GPU-hours |"
-    lines = [f"Profile `{args.profile}`: {rows[0]['episodes_per_round']:,} episodes a round "
-             f"({cfg.rl.steps_per_round} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size}), "
-             f"{rows[0]['benchmark_episodes']:,} benchmark episodes; MFU {args.mfu:.0%}, decode at {BANDWIDTH_EFFICIENCY:.0%} of bandwidth.",
-             f"Measured here: {cpu['tool_calls_per_episode']:.2f} tool calls an episode, {cpu['sandbox_ms_per_call']:.1f} ms sandbox CPU a call "
-             f"(tools: {rows[0]['tools_cpu_h'] * 60:.1f} CPU-minutes a round, spread over the node's CPUs while the GPU decodes).", "",
-             header, "|" + "---|" * (header.count("|") - 1)]
+    lines = [
+        f"Profile `{args.profile}`: {rows[0]['episodes_per_round']:,} episodes a round "
+        f"({cfg.rl.steps_per_round} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size}), "
+        f"{rows[0]['benchmark_episodes']:,} benchmark episodes; MFU {args.mfu:.0%}, decode at {BANDWIDTH_EFFICIENCY:.0%} of bandwidth.",
+        f"Measured here: {cpu['tool_calls_per_episode']:.2f} tool calls an episode, {cpu['sandbox_ms_per_call']:.1f} ms sandbox CPU a call "
+        f"(tools: {rows[0]['tools_cpu_h'] * 60:.1f} CPU-minutes a round, spread over the node's CPUs while the GPU decodes).",
+        "",
+        header,
+        "|" + "---|" * (header.count("|") - 1),
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['instance']} | {r['episode_tokens']:,} | {r['decode_tokens_per_s_per_gpu']:,} | {r['rollout_h']:.2f} | "
-                     f"{r['train_h']:.2f} | {r['benchmark_h']:.2f} | {r['round_gpu_h']:.1f} | {r['sft_gpu_h']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['instance']} | {r['episode_tokens']:,} | {r['decode_tokens_per_s_per_gpu']:,} | {r['rollout_h']:.2f} | "
+            f"{r['train_h']:.2f} | {r['benchmark_h']:.2f} | {r['round_gpu_h']:.1f} | {r['sft_gpu_h']:.1f} |"
+        )
     table = "\n".join(fit_lines + [""] + lines)
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "benchmarks/gpu_cost.py " + " ".join(sys.argv[1:])
-    out.with_suffix(".json").write_text(json.dumps({"command": command.strip(), "measured": cpu, "mfu": args.mfu,
-                                                    "bandwidth_efficiency": BANDWIDTH_EFFICIENCY,
-                                                    "gpus": {k: asdict(v) for k, v in GPUS.items()}, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "command": command.strip(),
+                "measured": cpu,
+                "mfu": args.mfu,
+                "bandwidth_efficiency": BANDWIDTH_EFFICIENCY,
+                "gpus": {k: asdict(v) for k, v in GPUS.items()},
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     out.with_suffix(".md").write_text(f"`{command.strip()}`\n\n{table}\n")
 
 

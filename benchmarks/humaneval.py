@@ -34,8 +34,12 @@ from training.rollout_engines import build_rollout_engine  # noqa: E402
 
 
 def commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     return head + (" with uncommitted changes" if dirty else "")
 
 
@@ -50,28 +54,46 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = resolve_families(load_profile(args.profile, dict(parse_override(o) for o in args.set)))
     if args.suite not in cfg.benchmark.suites:
-        parser.error(f"profile {args.profile} has no benchmark.suites.{args.suite}; it has {sorted(cfg.benchmark.suites) or 'none'}")
+        parser.error(
+            f"profile {args.profile} has no benchmark.suites.{args.suite}; it has {sorted(cfg.benchmark.suites) or 'none'}"
+        )
     if args.model is None and cfg.model.source != "pretrained":
-        parser.error(f"profile {args.profile}'s base model is built from config (random weights): give --model, a checkpoint folder")
+        parser.error(
+            f"profile {args.profile}'s base model is built from config (random weights): give --model, a checkpoint folder"
+        )
     suite = cfg.benchmark.suites[args.suite]
     folder = args.model or resolve_pretrained(cfg.model.name_or_path)
     tasks = load_problems(suite.file, suite=args.suite, limit=args.limit or suite.limit)
-    model, tok = load_policy(folder, cfg.model.dtype, "cpu" if cfg.device == "cpu" else cfg.device), load_tokenizer(folder)
+    model, tok = (
+        load_policy(folder, cfg.model.dtype, "cpu" if cfg.device == "cpu" else cfg.device),
+        load_tokenizer(folder),
+    )
     start = time.perf_counter()
     with SandboxResource.from_config(cfg.sandbox).open() as box:
         engine = build_rollout_engine(cfg.rollout, model, tok, seed=cfg.seed)
         try:
-            figures = evaluate_suite(cfg, args.suite, tasks, engine, tok, build_tools(sandbox=box, kb=None), box, DataParallel.current())
+            figures = evaluate_suite(
+                cfg, args.suite, tasks, engine, tok, build_tools(sandbox=box, kb=None), box, DataParallel.current()
+            )
         finally:
             engine.close()
     minutes = (time.perf_counter() - start) / 60
     name = args.suite
     rows = [f"| {m.removeprefix(name + '.')} | {v:.3f} |" for m, v in figures.items()]
     command = "python benchmarks/humaneval.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = "\n".join([f"# {name}: {args.model or cfg.model.name_or_path} ({args.profile} profile)", "",
-                      f"`{command}` at {commit()}, {minutes:.1f} min on this machine; {len(tasks)} problems x {suite.samples_per_task} samples, "
-                      f"budget {suite.max_total_tokens or cfg.rollout.max_total_tokens} tokens.", "",
-                      "| metric | value |", "|---|---|", *rows, ""])
+    text = "\n".join(
+        [
+            f"# {name}: {args.model or cfg.model.name_or_path} ({args.profile} profile)",
+            "",
+            f"`{command}` at {commit()}, {minutes:.1f} min on this machine; {len(tasks)} problems x {suite.samples_per_task} samples, "
+            f"budget {suite.max_total_tokens or cfg.rollout.max_total_tokens} tokens.",
+            "",
+            "| metric | value |",
+            "|---|---|",
+            *rows,
+            "",
+        ]
+    )
     out = args.out or REPO / "benchmarks" / "results" / f"humaneval_{args.profile}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

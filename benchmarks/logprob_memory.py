@@ -68,13 +68,20 @@ def child(vocab: int, rows: int, completion: int, chunk: int | None) -> dict:
     from training.sequences import collate, completion_logits, completion_logprobs
 
     torch.set_num_threads(2)
-    cfg = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg = ModelConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
     model = build_model(cfg, vocab_size=vocab, eos_token_id=0, seed=0)
     g = torch.Generator().manual_seed(0)
 
     def batch_of(n: int):
         ids = lambda length: torch.randint(1, vocab, (length,), generator=g).tolist()  # noqa: E731
-        return collate([ids(PROMPT) for _ in range(n)], [ids(completion) for _ in range(n)], [[1] * completion for _ in range(n)], 0)
+        return collate(
+            [ids(PROMPT) for _ in range(n)],
+            [ids(completion) for _ in range(n)],
+            [[1] * completion for _ in range(n)],
+            0,
+        )
 
     def run(batch) -> tuple[float, float]:
         if chunk is None:
@@ -96,7 +103,12 @@ def child(vocab: int, rows: int, completion: int, chunk: int | None) -> dict:
     logprob_sum, grad_norm = run(batch)
     seconds = time.perf_counter() - start
     peak = _status_kb("VmHWM")
-    return {"peak_mb": round((peak - before) / 1024, 1), "seconds": round(seconds, 3), "logprob_sum": logprob_sum, "grad_norm": grad_norm}
+    return {
+        "peak_mb": round((peak - before) / 1024, 1),
+        "seconds": round(seconds, 3),
+        "logprob_sum": logprob_sum,
+        "grad_norm": grad_norm,
+    }
 
 
 def measure(vocab: int, rows: int, completion: int, chunk: int | None) -> dict:
@@ -118,11 +130,17 @@ def tiny_speed(repeats: int) -> list[dict]:
     from training.sequences import collate, completion_logits, completion_logprobs
 
     torch.set_num_threads(2)
-    cfg = ModelConfig(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    cfg = ModelConfig(
+        hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
+    )
     model = build_model(cfg, vocab_size=1024, eos_token_id=0, seed=0)
     g = torch.Generator().manual_seed(0)
-    batch = collate([torch.randint(1, 1024, (24,), generator=g).tolist() for _ in range(8)],
-                    [torch.randint(1, 1024, (40,), generator=g).tolist() for _ in range(8)], [[1] * 40] * 8, 0)
+    batch = collate(
+        [torch.randint(1, 1024, (24,), generator=g).tolist() for _ in range(8)],
+        [torch.randint(1, 1024, (40,), generator=g).tolist() for _ in range(8)],
+        [[1] * 40] * 8,
+        0,
+    )
 
     def before() -> None:  # the update's pass as it was: whole logits, entropy without a graph
         logits = completion_logits(model, batch)
@@ -135,10 +153,14 @@ def tiny_speed(repeats: int) -> list[dict]:
         def run() -> None:
             logprobs, _ = completion_logprobs(model, batch, with_entropy=True, chunk_tokens=chunk)
             (logprobs * batch.loss_mask).sum().backward()
+
         return run
 
-    variants = {"whole logits (before)": before, f"chunk={EngineConfig().logit_chunk_tokens} (default: one chunk)": chunked(EngineConfig().logit_chunk_tokens),
-                "chunk=160 (two chunks)": chunked(160)}
+    variants = {
+        "whole logits (before)": before,
+        f"chunk={EngineConfig().logit_chunk_tokens} (default: one chunk)": chunked(EngineConfig().logit_chunk_tokens),
+        "chunk=160 (two chunks)": chunked(160),
+    }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for run in variants.values():
         run()
@@ -148,15 +170,25 @@ def tiny_speed(repeats: int) -> list[dict]:
             for _ in range(5):
                 run()
             times[name].append((time.perf_counter() - start) / 5 * 1000)
-    return [{"variant": name, "min_ms": round(min(t), 2), "median_ms": round(statistics.median(t), 2)} for name, t in times.items()]
+    return [
+        {"variant": name, "min_ms": round(min(t), 2), "median_ms": round(statistics.median(t), 2)}
+        for name, t in times.items()
+    ]
 
 
 def commit() -> dict:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
 
-    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
-            "uncommitted": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no", "--", "training", "configs", "benchmarks").splitlines()]}
+    return {
+        "commit": git("rev-parse", "--short", "HEAD").strip(),
+        "uncommitted": [
+            line[3:]
+            for line in git(
+                "status", "--porcelain", "--untracked-files=no", "--", "training", "configs", "benchmarks"
+            ).splitlines()
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,28 +209,55 @@ def main(argv: list[str] | None = None) -> None:
     tokens = args.rows * args.completion
     results = []
     print(f"{args.rows} rows x {args.completion} completion tokens ({tokens} tokens), 2-layer Qwen2, hidden 64, fp32")
-    print("| vocab | whole fp32 logits (MB) | variant | peak added (MB) | peak / unchunked | pass (s) | logprob sum | grad norm |")
+    print(
+        "| vocab | whole fp32 logits (MB) | variant | peak added (MB) | peak / unchunked | pass (s) | logprob sum | grad norm |"
+    )
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for vocab in [int(v) for v in args.vocabs.split(",")]:
         logits_mb = round(tokens * vocab * 4 / 2**20, 1)
         base = measure(vocab, args.rows, args.completion, None)
-        rows = [("unchunked", None, base)] + [(f"chunk={c}", c, measure(vocab, args.rows, args.completion, c)) for c in chunks]
+        rows = [("unchunked", None, base)] + [
+            (f"chunk={c}", c, measure(vocab, args.rows, args.completion, c)) for c in chunks
+        ]
         for name, chunk, r in rows:
             ratio = r["peak_mb"] / base["peak_mb"]
-            results.append({"vocab": vocab, "variant": name, "chunk_tokens": chunk, "logits_mb": logits_mb, **r, "ratio_to_unchunked": round(ratio, 3)})
-            print(f"| {vocab:,} | {logits_mb:,.0f} | {name} | {r['peak_mb']:,.0f} | {ratio:.3f} | {r['seconds']:.2f} | {r['logprob_sum']:.6g} "
-                  f"| {r['grad_norm']:.6g} |")
+            results.append(
+                {
+                    "vocab": vocab,
+                    "variant": name,
+                    "chunk_tokens": chunk,
+                    "logits_mb": logits_mb,
+                    **r,
+                    "ratio_to_unchunked": round(ratio, 3),
+                }
+            )
+            print(
+                f"| {vocab:,} | {logits_mb:,.0f} | {name} | {r['peak_mb']:,.0f} | {ratio:.3f} | {r['seconds']:.2f} | {r['logprob_sum']:.6g} "
+                f"| {r['grad_norm']:.6g} |"
+            )
     speed = tiny_speed(args.repeats)
     print("\ntiny-shaped update pass (ms per pass, min and median of", args.repeats, "interleaved rounds)")
     for row in speed:
         print(f"  {row['variant']}: {row['min_ms']:.1f} min, {row['median_ms']:.1f} median")
-    report = {"command": " ".join(["benchmarks/logprob_memory.py", *argv]), **commit(), "machine": platform.machine(),
-              "python": platform.python_version(), "torch": __import__("torch").__version__,
-              "setup": {"rows": args.rows, "prompt_tokens": PROMPT, "completion_tokens": args.completion, "hidden_size": 64, "layers": 2,
-                        "dtype": "float32"},
-              "method": "fresh process per variant, MALLOC_MMAP_THRESHOLD_=1 MiB; peak = VmHWM after the pass - VmRSS before it, VmHWM "
-                        "reset via /proc/self/clear_refs",
-              "results": results, "tiny_speed": speed}
+    report = {
+        "command": " ".join(["benchmarks/logprob_memory.py", *argv]),
+        **commit(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": __import__("torch").__version__,
+        "setup": {
+            "rows": args.rows,
+            "prompt_tokens": PROMPT,
+            "completion_tokens": args.completion,
+            "hidden_size": 64,
+            "layers": 2,
+            "dtype": "float32",
+        },
+        "method": "fresh process per variant, MALLOC_MMAP_THRESHOLD_=1 MiB; peak = VmHWM after the pass - VmRSS before it, VmHWM "
+        "reset via /proc/self/clear_refs",
+        "results": results,
+        "tiny_speed": speed,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -34,10 +34,24 @@ sys.path.insert(0, str(ROOT))
 # smaller batches (as benchmarks/rollout_engines.py's 20m), so that a step takes seconds, not minutes.
 SIZES = {
     "tiny": {},
-    "20m": {"model.hidden_size": 512, "model.intermediate_size": 1408, "model.num_hidden_layers": 6, "model.num_attention_heads": 8,
-            "model.num_key_value_heads": 8, "sft.batch_size": 16, "rl.prompts_per_step": 8},
-    "50m": {"model.hidden_size": 768, "model.intermediate_size": 2048, "model.num_hidden_layers": 7, "model.num_attention_heads": 12,
-            "model.num_key_value_heads": 12, "sft.batch_size": 16, "rl.prompts_per_step": 8},
+    "20m": {
+        "model.hidden_size": 512,
+        "model.intermediate_size": 1408,
+        "model.num_hidden_layers": 6,
+        "model.num_attention_heads": 8,
+        "model.num_key_value_heads": 8,
+        "sft.batch_size": 16,
+        "rl.prompts_per_step": 8,
+    },
+    "50m": {
+        "model.hidden_size": 768,
+        "model.intermediate_size": 2048,
+        "model.num_hidden_layers": 7,
+        "model.num_attention_heads": 12,
+        "model.num_key_value_heads": 12,
+        "sft.batch_size": 16,
+        "rl.prompts_per_step": 8,
+    },
 }
 PROMPT, SFT_COMPLETION, RL_COMPLETION = 48, 160, 96
 
@@ -82,14 +96,28 @@ def sft_steps(model, cfg, steps: int) -> tuple[list[float], int]:
     from training.sft import Example, train_sft
 
     n = cfg.sft.batch_size * 8
-    prompts, completions = synthetic_ids(n, PROMPT, cfg.model.vocab_size, 0), synthetic_ids(n, SFT_COMPLETION, cfg.model.vocab_size, 1)
+    prompts, completions = (
+        synthetic_ids(n, PROMPT, cfg.model.vocab_size, 0),
+        synthetic_ids(n, SFT_COMPLETION, cfg.model.vocab_size, 1),
+    )
     # a tool observation in the middle of each completion: masked from the loss, as in teacher trajectories
     mask = [1] * 60 + [0] * 40 + [1] * (SFT_COMPLETION - 100)
     examples = [Example(p, c, mask) for p, c in zip(prompts, completions)]
     stamps = [time.perf_counter()]
     sft = cfg.sft.model_copy(update={"steps": steps + 1, "log_every": 1, "warmup_steps": 0})
-    train_sft(model, examples, sft, pad_id=0, seed=0, engine_cfg=cfg.engine, on_log=lambda step, m: stamps.append(time.perf_counter()))
-    return [b - a for a, b in zip(stamps[1:], stamps[2:])], (cfg.sft.batch_size * PROMPT, cfg.sft.batch_size * SFT_COMPLETION)
+    train_sft(
+        model,
+        examples,
+        sft,
+        pad_id=0,
+        seed=0,
+        engine_cfg=cfg.engine,
+        on_log=lambda step, m: stamps.append(time.perf_counter()),
+    )
+    return [b - a for a, b in zip(stamps[1:], stamps[2:])], (
+        cfg.sft.batch_size * PROMPT,
+        cfg.sft.batch_size * SFT_COMPLETION,
+    )
 
 
 def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float], int]:
@@ -101,22 +129,56 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
     from training.rl_loop import policy_loss_fn, prepare_samples, run_update
 
     rl, n = cfg.rl, cfg.rl.prompts_per_step * cfg.rl.group_size
-    prompts, completions = synthetic_ids(n, PROMPT, cfg.model.vocab_size, 2), synthetic_ids(n, RL_COMPLETION, cfg.model.vocab_size, 3)
+    prompts, completions = (
+        synthetic_ids(n, PROMPT, cfg.model.vocab_size, 2),
+        synthetic_ids(n, RL_COMPLETION, cfg.model.vocab_size, 3),
+    )
     mask = [1] * 40 + [0] * 24 + [1] * (RL_COMPLETION - 64)
-    records = [{"prompt_ids": p, "completion_ids": c, "tool_mask": mask, "logprobs": [-1.0] * RL_COMPLETION, "group_id": f"g{i // rl.group_size}",
-                "trajectory_id": f"t{i}"} for i, (p, c) in enumerate(zip(prompts, completions))]
-    scores = [{"reward": float(i % 3 == 0), "outcome": float(i % 3 == 0)} for i in range(n)]  # every group has reward spread
+    records = [
+        {
+            "prompt_ids": p,
+            "completion_ids": c,
+            "tool_mask": mask,
+            "logprobs": [-1.0] * RL_COMPLETION,
+            "group_id": f"g{i // rl.group_size}",
+            "trajectory_id": f"t{i}",
+        }
+        for i, (p, c) in enumerate(zip(prompts, completions))
+    ]
+    scores = [
+        {"reward": float(i % 3 == 0), "outcome": float(i % 3 == 0)} for i in range(n)
+    ]  # every group has reward spread
     algo = resolve_algorithm(rl)
     engine = build_engine(model, cfg.engine, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)
-    loss_fn = policy_loss_fn(engine, algo, temperature=cfg.rollout.temperature, pad_id=0, max_tokens=cfg.rollout.max_total_tokens)
+    loss_fn = policy_loss_fn(
+        engine, algo, temperature=cfg.rollout.temperature, pad_id=0, max_tokens=cfg.rollout.max_total_tokens
+    )
     prep, update = [], []
     for _ in range(steps + 1):
         start = time.perf_counter()
-        samples, _ = prepare_samples(records, scores, algo, rl, policy=engine.model, reference=reference, critic=None,
-                                     temperature=cfg.rollout.temperature, pad_id=0, max_tokens=cfg.engine.micro_batch_tokens)
+        samples, _ = prepare_samples(
+            records,
+            scores,
+            algo,
+            rl,
+            policy=engine.model,
+            reference=reference,
+            critic=None,
+            temperature=cfg.rollout.temperature,
+            pad_id=0,
+            max_tokens=cfg.engine.micro_batch_tokens,
+        )
         mid = time.perf_counter()
-        run_update(engine, samples, loss_fn, minibatches=rl.minibatches, micro_batch_size=cfg.engine.micro_batch_size, max_tokens=cfg.engine.micro_batch_tokens,
-                   generator=torch.Generator().manual_seed(0), prefix="actor")
+        run_update(
+            engine,
+            samples,
+            loss_fn,
+            minibatches=rl.minibatches,
+            micro_batch_size=cfg.engine.micro_batch_size,
+            max_tokens=cfg.engine.micro_batch_tokens,
+            generator=torch.Generator().manual_seed(0),
+            prefix="actor",
+        )
         prep.append(mid - start)
         update.append(time.perf_counter() - mid)
     return prep[1:], update[1:], (n * PROMPT, n * RL_COMPLETION)
@@ -150,21 +212,59 @@ def main(argv: list[str] | None = None) -> int:
             reference = build_model(cfg.model, cfg.model.vocab_size, 0, seed=1).requires_grad_(False).eval()
             prep, update, rl_tokens = rl_steps(model, reference, cfg, args.steps)
             peak = limit[precision]
-            for stage, times, tokens, passes in (("SFT step", sft, sft_tokens, 6), ("RL old+ref log-probs", prep, rl_tokens, 4), ("RL update", update, rl_tokens, 6)):
+            for stage, times, tokens, passes in (
+                ("SFT step", sft, sft_tokens, 6),
+                ("RL old+ref log-probs", prep, rl_tokens, 4),
+                ("RL update", update, rl_tokens, 6),
+            ):
                 median = statistics.median(times)
                 flops = model_flops(model, passes, *tokens) / median
-                rows.append({"size": size, "precision": precision, "matmul_params_m": round(n_params / 1e6, 2), "stage": stage, "tokens": sum(tokens),
-                             "median_s": round(median, 4), "spread_s": [round(min(times), 4), round(max(times), 4)],
-                             "model_gflops": round(flops / 1e9, 2), "peak_gflops": round(peak / 1e9, 2), "mfu": round(flops / peak, 3)})
-                print(f"[mfu] {size} {precision} {stage}: {median:.3f}s for {sum(tokens)} tokens, {flops / 1e9:.1f} GFLOP/s = {flops / peak:.1%} of the matmul limit", flush=True)
+                rows.append(
+                    {
+                        "size": size,
+                        "precision": precision,
+                        "matmul_params_m": round(n_params / 1e6, 2),
+                        "stage": stage,
+                        "tokens": sum(tokens),
+                        "median_s": round(median, 4),
+                        "spread_s": [round(min(times), 4), round(max(times), 4)],
+                        "model_gflops": round(flops / 1e9, 2),
+                        "peak_gflops": round(peak / 1e9, 2),
+                        "mfu": round(flops / peak, 3),
+                    }
+                )
+                print(
+                    f"[mfu] {size} {precision} {stage}: {median:.3f}s for {sum(tokens)} tokens, {flops / 1e9:.1f} GFLOP/s = {flops / peak:.1%} of the matmul limit",
+                    flush=True,
+                )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "mfu.json").write_text(json.dumps({"command": " ".join(["benchmarks/mfu.py", *(argv or sys.argv[1:])]),
-                                                    "matmul_flops": {k: {str(n): v for n, v in by_n.items()} for k, by_n in peaks.items()}, "rows": rows}, indent=1))
-    lines = ["| matmul | " + " | ".join(f"n={n}" for n in peaks["fp32"]) + " |", "|---" * (len(peaks["fp32"]) + 1) + "|"]
-    lines += [f"| {k} GFLOP/s | " + " | ".join(f"{v / 1e9:.1f}" for v in by_n.values()) + " |" for k, by_n in peaks.items()]
-    lines += ["", "| size | matmul params (M) | precision | stage | tokens | median s [min, max] | model GFLOP/s | MFU |", "|---" * 8 + "|"]
-    lines += [f"| {r['size']} | {r['matmul_params_m']} | {r['precision']} | {r['stage']} | {r['tokens']} | {r['median_s']} {r['spread_s']} | "
-              f"{r['model_gflops']} | **{r['mfu']:.1%}** |" for r in rows]
+    (args.out / "mfu.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["benchmarks/mfu.py", *(argv or sys.argv[1:])]),
+                "matmul_flops": {k: {str(n): v for n, v in by_n.items()} for k, by_n in peaks.items()},
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
+    lines = [
+        "| matmul | " + " | ".join(f"n={n}" for n in peaks["fp32"]) + " |",
+        "|---" * (len(peaks["fp32"]) + 1) + "|",
+    ]
+    lines += [
+        f"| {k} GFLOP/s | " + " | ".join(f"{v / 1e9:.1f}" for v in by_n.values()) + " |" for k, by_n in peaks.items()
+    ]
+    lines += [
+        "",
+        "| size | matmul params (M) | precision | stage | tokens | median s [min, max] | model GFLOP/s | MFU |",
+        "|---" * 8 + "|",
+    ]
+    lines += [
+        f"| {r['size']} | {r['matmul_params_m']} | {r['precision']} | {r['stage']} | {r['tokens']} | {r['median_s']} {r['spread_s']} | "
+        f"{r['model_gflops']} | **{r['mfu']:.1%}** |"
+        for r in rows
+    ]
     (args.out / "mfu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -44,12 +44,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fuzz_attacks import ATTACKS, AttackClass, Attempt, World  # noqa: E402
-from benchmarks.fuzz_attacks import arithmetic, code, search  # noqa: E402, F401  (register the classes)
+from benchmarks.fuzz_attacks import ATTACKS, AttackClass, Attempt, World  # noqa: E402  # noqa: E402, F401  (register the classes)
 from configs import FlywheelConfig, load_profile  # noqa: E402
 from environments import families  # noqa: E402
-from environments.family import tools_of  # noqa: E402
 from environments.base import task_view  # noqa: E402
+from environments.family import tools_of  # noqa: E402
 from verifiers.base import get_verifier  # noqa: E402
 from verifiers.cascade import Cascade  # noqa: E402
 from verifiers.code_tests import DEFAULT_GROUPS  # noqa: E402
@@ -57,13 +56,18 @@ from verifiers.shaping import Candidate  # noqa: E402
 
 FAMILIES = ("arithmetic", "search", "code")
 # Reward configs users can pick: name -> (the family it changes, None for all; profile overrides).
-VARIANTS = {"profile": (None, {}),
-            "strip_units": ("arithmetic", {"reward.verifiers.arithmetic.params.strip_units": True}),
-            "token_f1": ("search", {"reward.verifiers.search.name": "token_f1"})}
+VARIANTS = {
+    "profile": (None, {}),
+    "strip_units": ("arithmetic", {"reward.verifiers.arithmetic.params.strip_units": True}),
+    "token_f1": ("search", {"reward.verifiers.search.name": "token_f1"}),
+}
 EPS = 1e-9
 MAX_MISSES = 500  # consecutive duplicates (or declined draws) before a class counts as exhausted
-WARMUP = {"arithmetic": ["<answer>2*sqrt(2)</answer>", "<answer>log(3)</answer>", "<answer>1</answer>"],
-          "search": ["<answer>x</answer>"], "code": ["<answer>def f(x):\n    return x</answer>"]}
+WARMUP = {
+    "arithmetic": ["<answer>2*sqrt(2)</answer>", "<answer>log(3)</answer>", "<answer>1</answer>"],
+    "search": ["<answer>x</answer>"],
+    "code": ["<answer>def f(x):\n    return x</answer>"],
+}
 
 
 @dataclass
@@ -149,6 +153,7 @@ class Scored:
 
 # --- scoring, as training does it --------------------------------------------------------------------
 
+
 class Overrun(BaseException):
     """Raised in the main thread when one scoring call runs past the hang limit (a BaseException:
     `run_verifier` turns every Exception into an unscorable verdict)."""
@@ -231,7 +236,9 @@ class Scorer:
                 out.append(Scored(b.outcome, b.reward, b.details.get("outcome", ""), time.perf_counter() - start))
             except Overrun:
                 _reset_after_overrun()
-                out.append(Scored(None, 0.0, f"aborted after {self.watchdog.limit_s:g} s", time.perf_counter() - start, True))
+                out.append(
+                    Scored(None, 0.0, f"aborted after {self.watchdog.limit_s:g} s", time.perf_counter() - start, True)
+                )
         return out
 
 
@@ -247,12 +254,19 @@ def scorers_for(family: str, fc: FuzzConfig, sandbox, watchdog: Watchdog) -> lis
             continue
         cfg = variant_config(fc.profile, variant)
         spec = cfg.reward.verifiers[family]
-        out.append(Scorer(variant, Cascade(cfg.reward, sandbox, concurrency=cfg.sandbox.pool_size),
-                          not get_verifier(spec.name).needs_sandbox, watchdog))
+        out.append(
+            Scorer(
+                variant,
+                Cascade(cfg.reward, sandbox, concurrency=cfg.sandbox.pool_size),
+                not get_verifier(spec.name).needs_sandbox,
+                watchdog,
+            )
+        )
     return out
 
 
 # --- the world of a family ---------------------------------------------------------------------------
+
 
 def build_world(family: str, cfg: FlywheelConfig, n_tasks: int, seed: int) -> World:
     """Tasks of the family's generator (the profile's levels and knowledge base) and the teacher's
@@ -275,6 +289,7 @@ def build_world(family: str, cfg: FlywheelConfig, n_tasks: int, seed: int) -> Wo
 
 # --- the loop ----------------------------------------------------------------------------------------
 
+
 def _record(entry: ClassReport, variant: str, attempt: Attempt, task: dict, scored: Scored, fc: FuzzConfig) -> bool:
     """Counts one scoring against the truth; whether it was slow."""
     tally = entry.tallies[variant]
@@ -296,10 +311,22 @@ def _record(entry: ClassReport, variant: str, attempt: Attempt, task: dict, scor
         kinds.append("false_negative")
     for kind in kinds:
         if sum(e["kind"] == kind and e["variant"] == variant for e in entry.examples) < fc.examples:
-            entry.examples.append({"kind": kind, "variant": variant, "task_id": task["task_id"], "prompt": task["prompt"].strip(),
-                                   "gold": str(task["answer"])[:200], "turns": [t[:600] for t in attempt.turns],
-                                   "truth": attempt.truth, "outcome": scored.outcome, "reward": round(scored.reward, 4),
-                                   "details": scored.details[:300], "note": attempt.note, "seconds": round(scored.seconds, 3)})
+            entry.examples.append(
+                {
+                    "kind": kind,
+                    "variant": variant,
+                    "task_id": task["task_id"],
+                    "prompt": task["prompt"].strip(),
+                    "gold": str(task["answer"])[:200],
+                    "turns": [t[:600] for t in attempt.turns],
+                    "truth": attempt.truth,
+                    "outcome": scored.outcome,
+                    "reward": round(scored.reward, 4),
+                    "details": scored.details[:300],
+                    "note": attempt.note,
+                    "seconds": round(scored.seconds, 3),
+                }
+            )
     return "slow" in kinds
 
 
@@ -318,7 +345,9 @@ def _score_pending(pending: list, report: FamilyReport, scorers: list[Scorer], f
     pending.clear()
 
 
-def _next_class(active: dict[str, AttackClass], report: FamilyReport, fc: FuzzConfig, rng: random.Random) -> AttackClass:
+def _next_class(
+    active: dict[str, AttackClass], report: FamilyReport, fc: FuzzConfig, rng: random.Random
+) -> AttackClass:
     behind = [c for c in active.values() if report.classes[c.name].attempts < fc.min_per_class]
     if behind:
         return behind[0]
@@ -329,8 +358,12 @@ def _next_class(active: dict[str, AttackClass], report: FamilyReport, fc: FuzzCo
 def fuzz_family(world: World, classes: list[AttackClass], scorers: list[Scorer], fc: FuzzConfig) -> FamilyReport:
     family, rng = world.family, random.Random(f"{fc.seed}/{world.family}")
     variants = [s.variant for s in scorers]
-    report = FamilyReport(family, len(world.tasks), variants, {
-        c.name: ClassReport(family, c.name, c.doc, c.known, tallies={v: Tally() for v in variants}) for c in classes})
+    report = FamilyReport(
+        family,
+        len(world.tasks),
+        variants,
+        {c.name: ClassReport(family, c.name, c.doc, c.known, tallies={v: Tally() for v in variants}) for c in classes},
+    )
     active = {c.name: c for c in classes}
     seen: set[bytes] = set()
     pending: list = []
@@ -346,7 +379,11 @@ def fuzz_family(world: World, classes: list[AttackClass], scorers: list[Scorer],
         cls = _next_class(active, report, fc, rng)
         entry, task = report.classes[cls.name], rng.choice(world.tasks)
         attempt = cls.generate(task, world, rng)
-        key = None if attempt is None else hashlib.blake2b("\x00".join((task["task_id"], *attempt.turns)).encode(), digest_size=16).digest()
+        key = (
+            None
+            if attempt is None
+            else hashlib.blake2b("\x00".join((task["task_id"], *attempt.turns)).encode(), digest_size=16).digest()
+        )
         if attempt is None or key in seen:
             entry.misses, entry.streak = entry.misses + 1, entry.streak + 1
             if entry.streak >= MAX_MISSES:
@@ -372,9 +409,13 @@ def fuzz_family(world: World, classes: list[AttackClass], scorers: list[Scorer],
 
 
 def _progress(report: FamilyReport, seconds: float) -> None:
-    found = ", ".join(f"{v}: {report.total(v).rewarded_wrong} rewarded wrong, {report.total(v).slow} slow" for v in report.variants)
-    print(f"[{report.family}] {report.attempts} attempts in {seconds:.0f} s ({report.attempts / max(seconds, 1e-9):.0f}/s); {found}",
-          flush=True)
+    found = ", ".join(
+        f"{v}: {report.total(v).rewarded_wrong} rewarded wrong, {report.total(v).slow} slow" for v in report.variants
+    )
+    print(
+        f"[{report.family}] {report.attempts} attempts in {seconds:.0f} s ({report.attempts / max(seconds, 1e-9):.0f}/s); {found}",
+        flush=True,
+    )
 
 
 def select_classes(family: str, patterns: tuple[str, ...]) -> list[AttackClass]:
@@ -406,8 +447,10 @@ def run_fuzz(fc: FuzzConfig) -> list[FamilyReport]:
             world = build_world(family, cfg, fc.tasks, fc.seed)
             scorers = scorers_for(family, fc, sandbox, watchdog)
             for scorer in scorers:  # first calls import sympy, start workers: not the attempts' time
-                scorer.score([(Candidate([w], 8, tools_of(family)), world.tasks[0]) for w in WARMUP[family]],
-                             [f"warmup-{i}" for i in range(len(WARMUP[family]))])
+                scorer.score(
+                    [(Candidate([w], 8, tools_of(family)), world.tasks[0]) for w in WARMUP[family]],
+                    [f"warmup-{i}" for i in range(len(WARMUP[family]))],
+                )
             reports.append(fuzz_family(world, classes, scorers, fc))
     return reports
 
@@ -418,27 +461,52 @@ def findings(reports: list[FamilyReport]) -> int:
 
 # --- the report --------------------------------------------------------------------------------------
 
+
 def _commit() -> dict:
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
 
 
 def to_json(reports: list[FamilyReport], fc: FuzzConfig, argv: list[str]) -> dict:
     def klass(c: ClassReport) -> dict:
-        return {"doc": c.doc, "known_hole": c.known, "attempts": c.attempts, "misses": c.misses, "exhausted": c.exhausted,
-                "variants": {v: asdict(t) for v, t in c.tallies.items()}, "examples": c.examples}
-    return {"command": " ".join(["benchmarks/reward_fuzz.py", *argv]), **_commit(), "machine": platform.machine(),
-            "python": platform.python_version(),
-            "config": {k: None if v == math.inf else v for k, v in asdict(fc).items() if k != "quiet"},
-            "findings": findings(reports),
-            "families": {r.family: {"tasks": r.tasks, "attempts": r.attempts, "seconds": round(r.seconds, 1),
-                                    "attempts_per_s": round(r.attempts / max(r.seconds, 1e-9), 1), "stopped_by": r.stopped_by,
-                                    "variants": {v: asdict(r.total(v)) for v in r.variants},
-                                    "classes": {n: klass(c) for n, c in r.classes.items()}} for r in reports}}
+        return {
+            "doc": c.doc,
+            "known_hole": c.known,
+            "attempts": c.attempts,
+            "misses": c.misses,
+            "exhausted": c.exhausted,
+            "variants": {v: asdict(t) for v, t in c.tallies.items()},
+            "examples": c.examples,
+        }
+
+    return {
+        "command": " ".join(["benchmarks/reward_fuzz.py", *argv]),
+        **_commit(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "config": {k: None if v == math.inf else v for k, v in asdict(fc).items() if k != "quiet"},
+        "findings": findings(reports),
+        "families": {
+            r.family: {
+                "tasks": r.tasks,
+                "attempts": r.attempts,
+                "seconds": round(r.seconds, 1),
+                "attempts_per_s": round(r.attempts / max(r.seconds, 1e-9), 1),
+                "stopped_by": r.stopped_by,
+                "variants": {v: asdict(r.total(v)) for v in r.variants},
+                "classes": {n: klass(c) for n, c in r.classes.items()},
+            }
+            for r in reports
+        },
+    }
 
 
 def _cells(tallies: dict[str, Tally], variants: list[str], name: str) -> str:
@@ -447,30 +515,45 @@ def _cells(tallies: dict[str, Tally], variants: list[str], name: str) -> str:
 
 def to_markdown(reports: list[FamilyReport], fc: FuzzConfig) -> str:
     commit = _commit()
-    lines = [f"Reward fuzz: profile `{fc.profile}`, seed {fc.seed}, commit {commit['commit']}{' (dirty tree)' if commit['dirty'] else ''}.",
-             "", "| family | variant | attempts | rewarded wrong | slow | false negatives | unscorable | not judged (rewarded) | attempts/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Reward fuzz: profile `{fc.profile}`, seed {fc.seed}, commit {commit['commit']}{' (dirty tree)' if commit['dirty'] else ''}.",
+        "",
+        "| family | variant | attempts | rewarded wrong | slow | false negatives | unscorable | not judged (rewarded) | attempts/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in reports:
         for v in r.variants:
             t = r.total(v)
-            lines.append(f"| {r.family} | {v} | {r.attempts:,} | {t.rewarded_wrong} | {t.slow} | {t.false_negatives} | {t.unscorable} "
-                         f"| {t.not_judged} ({t.not_judged_rewarded}) | {r.attempts / max(r.seconds, 1e-9):,.0f} |")
+            lines.append(
+                f"| {r.family} | {v} | {r.attempts:,} | {t.rewarded_wrong} | {t.slow} | {t.false_negatives} | {t.unscorable} "
+                f"| {t.not_judged} ({t.not_judged_rewarded}) | {r.attempts / max(r.seconds, 1e-9):,.0f} |"
+            )
     for r in reports:
         order = " / ".join(r.variants)
-        lines += ["", f"### {r.family} ({r.tasks} tasks, stopped by {r.stopped_by}; columns per variant: {order})", "",
-                  "| class | issue | what it attacks | attempts | rewarded wrong | slow | false negatives | unscorable |",
-                  "|---|---|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"### {r.family} ({r.tasks} tasks, stopped by {r.stopped_by}; columns per variant: {order})",
+            "",
+            "| class | issue | what it attacks | attempts | rewarded wrong | slow | false negatives | unscorable |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
         for c in r.classes.values():
             known = f"#{c.known}" if c.known else ""
-            lines.append(f"| `{c.name}`{' (exhausted)' if c.exhausted else ''} | {known} | {c.doc} | {c.attempts:,} "
-                         f"| {_cells(c.tallies, r.variants, 'rewarded_wrong')} | {_cells(c.tallies, r.variants, 'slow')} "
-                         f"| {_cells(c.tallies, r.variants, 'false_negatives')} | {_cells(c.tallies, r.variants, 'unscorable')} |")
-    shown = [(r, c, e) for r in reports for c in r.classes.values() for e in c.examples if e["kind"] != "false_negative"]
+            lines.append(
+                f"| `{c.name}`{' (exhausted)' if c.exhausted else ''} | {known} | {c.doc} | {c.attempts:,} "
+                f"| {_cells(c.tallies, r.variants, 'rewarded_wrong')} | {_cells(c.tallies, r.variants, 'slow')} "
+                f"| {_cells(c.tallies, r.variants, 'false_negatives')} | {_cells(c.tallies, r.variants, 'unscorable')} |"
+            )
+    shown = [
+        (r, c, e) for r in reports for c in r.classes.values() for e in c.examples if e["kind"] != "false_negative"
+    ]
     if shown:
         lines += ["", "### Findings (first examples per class and variant)", ""]
         for r, c, e in shown:
-            lines.append(f"- **{r.family}/{c.name}** [{e['variant']}] {e['kind']}: {e['prompt']!r} (gold {e['gold'][:60]!r}) "
-                         f"<- {e['turns']!r:.300}: outcome {e['outcome']}, truth {e['truth']}, {e['seconds']} s; {e['details'][:120]}")
+            lines.append(
+                f"- **{r.family}/{c.name}** [{e['variant']}] {e['kind']}: {e['prompt']!r} (gold {e['gold'][:60]!r}) "
+                f"<- {e['turns']!r:.300}: outcome {e['outcome']}, truth {e['truth']}, {e['seconds']} s; {e['details'][:120]}"
+            )
     return "\n".join(lines)
 
 
@@ -491,7 +574,9 @@ def parse_args(argv: list[str]) -> tuple[FuzzConfig, Path]:
     parser.add_argument("--seconds", type=float, default=math.inf, help="per family: stop generating after this long")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", type=int, default=500, help="tasks per family")
-    parser.add_argument("--variants", default="profile,strip_units", help=f"reward configs to score with: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default="profile,strip_units", help=f"reward configs to score with: {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--classes", default="", help="only these classes: family/name,... (family/* for all of one)")
     parser.add_argument("--slow-seconds", type=float, default=2.0)
     parser.add_argument("--hang-seconds", type=float, default=10.0)
@@ -502,10 +587,19 @@ def parse_args(argv: list[str]) -> tuple[FuzzConfig, Path]:
     if args.list:
         print(class_table())
         parser.exit()
-    fc = FuzzConfig(profile=args.profile, families=tuple(f for f in args.families.split(",") if f), attempts=args.attempts,
-                    seconds=args.seconds, seed=args.seed, tasks=args.tasks, variants=tuple(v for v in args.variants.split(",") if v),
-                    classes=tuple(c for c in args.classes.split(",") if c), slow_seconds=args.slow_seconds,
-                    hang_seconds=args.hang_seconds, examples=args.examples)
+    fc = FuzzConfig(
+        profile=args.profile,
+        families=tuple(f for f in args.families.split(",") if f),
+        attempts=args.attempts,
+        seconds=args.seconds,
+        seed=args.seed,
+        tasks=args.tasks,
+        variants=tuple(v for v in args.variants.split(",") if v),
+        classes=tuple(c for c in args.classes.split(",") if c),
+        slow_seconds=args.slow_seconds,
+        hang_seconds=args.hang_seconds,
+        examples=args.examples,
+    )
     bad = [f for f in fc.families if f not in FAMILIES]
     if bad:
         parser.error(f"unknown families {bad}; known: {', '.join(FAMILIES)}")

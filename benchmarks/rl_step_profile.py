@@ -56,9 +56,21 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-STAGES = ("generation", "tools", "verification", "old log-probs", "ref log-probs", "update forward", "backward", "optimizer step",
-          "checkpoint save", "other")
-SFT_STEPS = "tiny=400,20m=400"  # warm-start caches in /tmp/rollout-bench (rollout_engines.warm_model builds a missing one)
+STAGES = (
+    "generation",
+    "tools",
+    "verification",
+    "old log-probs",
+    "ref log-probs",
+    "update forward",
+    "backward",
+    "optimizer step",
+    "checkpoint save",
+    "other",
+)
+SFT_STEPS = (
+    "tiny=400,20m=400"  # warm-start caches in /tmp/rollout-bench (rollout_engines.warm_model builds a missing one)
+)
 # Other processes' average cores over a step above which the step counts as contended. Our own
 # sandbox's workers count as other processes: tools and code tests kept them under 0.3 core at
 # `tiny`; a competing torch job takes a whole core or more.
@@ -79,8 +91,11 @@ def code_version() -> dict:
 
     try:
         diff = git("diff", "HEAD", "--", *PRODUCT_DIRS)
-        return {"commit": git("rev-parse", "HEAD").strip(), "modified": git("diff", "HEAD", "--name-only", "--", *PRODUCT_DIRS).split(),
-                "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
+        return {
+            "commit": git("rev-parse", "HEAD").strip(),
+            "modified": git("diff", "HEAD", "--name-only", "--", *PRODUCT_DIRS).split(),
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
+        }
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "modified": [], "diff_sha256": None, "note": f"{ROOT} is not a git checkout"}
 
@@ -88,7 +103,11 @@ def code_version() -> dict:
 def version_line(version: dict) -> str:
     if version["commit"] is None:
         return f"Code: {version['note']}."
-    changes = f"uncommitted changes to {', '.join(version['modified'])} (diff {version['diff_sha256']})" if version["modified"] else "no uncommitted changes"
+    changes = (
+        f"uncommitted changes to {', '.join(version['modified'])} (diff {version['diff_sha256']})"
+        if version["modified"]
+        else "no uncommitted changes"
+    )
     return f"Code: commit {version['commit'][:10]}, {changes}."
 
 
@@ -151,7 +170,9 @@ class StageClock:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.current: str | None = None  # the stage the main thread is in (tool batches, on other threads, do not set it)
+        self.current: str | None = (
+            None  # the stage the main thread is in (tool batches, on other threads, do not set it)
+        )
         self.reset()
 
     def reset(self) -> None:
@@ -169,7 +190,10 @@ class StageClock:
     def timed(self, stage: str, fn):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
-            outer, self.current = self.current, stage  # model passes and batches are counted under the stage that runs them
+            outer, self.current = (
+                self.current,
+                stage,
+            )  # model passes and batches are counted under the stage that runs them
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -178,6 +202,7 @@ class StageClock:
                 with self.lock:
                     self.seconds[stage] += end - start
                     self.spans[stage].append((start, end))
+
         return wrapper
 
 
@@ -219,8 +244,8 @@ def setup(size: str, sft_steps: int, home: Path, box) -> Policy:
     """The size's warm-started policy (built once into `home` by rollout_engines.warm_model) and its tools."""
     from benchmarks.mfu import matmul_parameters
     from benchmarks.rollout_engines import warm_model
+    from environments.base import KnowledgeBase
     from environments.families import build_tools
-    from environments.search import KnowledgeBase
     from training.model import num_parameters
 
     cfg, folder, model, tok, tasks, documents = warm_model(size, sft_steps, home, box)
@@ -232,9 +257,20 @@ class RoundProbe:
     """Timing wrappers for what train_round calls (training/rl_loop.py's module globals, patched
     for one round), and the per-step records they fill."""
 
-    WRAPPED = ("run_episodes", "build_rollout_engine", "score_records", "recorded_logprobs", "policy_loss_fn", "build_engine", "save_state", "collate")
+    WRAPPED = (
+        "run_episodes",
+        "build_rollout_engine",
+        "score_records",
+        "recorded_logprobs",
+        "policy_loss_fn",
+        "build_engine",
+        "save_state",
+        "collate",
+    )
 
-    def __init__(self, rl_loop, reference, *, steps: int, warmup: int, last: int, quiet_wait_s: float, busy_cores: float) -> None:
+    def __init__(
+        self, rl_loop, reference, *, steps: int, warmup: int, last: int, quiet_wait_s: float, busy_cores: float
+    ) -> None:
         self.real = {name: getattr(rl_loop, name) for name in self.WRAPPED}
         self.reference, self.steps, self.warmup, self.last = reference, steps, warmup, last
         self.quiet_wait_s, self.busy_cores = quiet_wait_s, busy_cores
@@ -242,7 +278,10 @@ class RoundProbe:
         self.hooks: list = []
 
     def patches(self, rl_loop) -> list:
-        ours = {name: self.clock.timed("verification", self.real[name]) if name == "score_records" else getattr(self, name) for name in self.WRAPPED}
+        ours = {
+            name: self.clock.timed("verification", self.real[name]) if name == "score_records" else getattr(self, name)
+            for name in self.WRAPPED
+        }
         return [mock.patch.object(rl_loop, name, wrapper) for name, wrapper in ours.items()]
 
     def run_episodes(self, *args, **kwargs):
@@ -261,7 +300,9 @@ class RoundProbe:
             clock.add("engine calls", 1)
             clock.add("prefill tokens", sum(map(len, sequences)))
             clock.add("sampled tokens", sum(len(g.ids) for g in out))
-            clock.add("decode tokens", sum(max(0, len(g.ids) - 1) for g in out))  # a row's first token comes from the prefill's logits
+            clock.add(
+                "decode tokens", sum(max(0, len(g.ids) - 1) for g in out)
+            )  # a row's first token comes from the prefill's logits
             return out
 
         def count_rows(module, args, kwargs):
@@ -287,7 +328,10 @@ class RoundProbe:
         (longest prompt + longest completion)), under the stage that asked for it."""
         if completions:
             self.clock.add(f"{self.clock.current} tokens", sum(map(len, prompts)) + sum(map(len, completions)))
-            self.clock.add(f"{self.clock.current} tokens computed", len(prompts) * (max(map(len, prompts)) + max(1, max(map(len, completions)))))
+            self.clock.add(
+                f"{self.clock.current} tokens computed",
+                len(prompts) * (max(map(len, prompts)) + max(1, max(map(len, completions)))),
+            )
         return self.real["collate"](prompts, completions, *args, **kwargs)
 
     def build_engine(self, *args, **kwargs):
@@ -301,8 +345,12 @@ class RoundProbe:
         self.real["save_state"](state_dir, step, *args, **kwargs)
         seconds = time.perf_counter() - start
         folder = state_dir / f"step-{step:05d}"
-        self.records[step] |= {"checkpoint_save_s": seconds,
-                               "checkpoint_bytes": {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}}
+        self.records[step] |= {
+            "checkpoint_save_s": seconds,
+            "checkpoint_bytes": {
+                p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()
+            },
+        }
         if step in self.done:
             raise _RoundDone
 
@@ -337,8 +385,18 @@ def measured(records: list[dict]) -> list[dict]:
     return [r for r in records if r["phase"] == "measured"]
 
 
-def profile_round(cfg, policy: Policy, box, *, steps: int, warmup: int = 1, seed: int = 0, quiet_wait_s: float = 0.0,
-                  busy_cores: float = BUSY_CORES, extra_steps: int = 0) -> list[dict]:
+def profile_round(
+    cfg,
+    policy: Policy,
+    box,
+    *,
+    steps: int,
+    warmup: int = 1,
+    seed: int = 0,
+    quiet_wait_s: float = 0.0,
+    busy_cores: float = BUSY_CORES,
+    extra_steps: int = 0,
+) -> list[dict]:
     """One GRPO round through train_round on a fresh copy of the policy, every stage timed; the
     record of every step (RoundProbe.finished_records), `steps` of them measured after `warmup` steps. The machine is shared: before each step
     it waits up to `quiet_wait_s` for other processes to leave the CPU, and a step during which
@@ -350,21 +408,38 @@ def profile_round(cfg, policy: Policy, box, *, steps: int, warmup: int = 1, seed
     from verifiers.cascade import Cascade
 
     if cfg.rollout.engine != "hf":
-        raise ValueError(f"rollout.engine={cfg.rollout.engine!r}: this profile times the HF engine's batched `generate`; "
-                         "vLLM's continuous schedule overlaps generation with tools and would need its own clock")
+        raise ValueError(
+            f"rollout.engine={cfg.rollout.engine!r}: this profile times the HF engine's batched `generate`; "
+            "vLLM's continuous schedule overlaps generation with tools and would need its own clock"
+        )
     last = warmup + steps + extra_steps  # the latest step the round may need
     # one step more: train_round never saves the state of a round's last step
     rl = cfg.rl.model_copy(update={"steps_per_round": last + 1, "checkpoint_every": 1})
     policy_model, reference = load_policy(policy.folder), load_policy(policy.folder).requires_grad_(False).eval()
-    probe = RoundProbe(rl_loop, reference, steps=steps, warmup=warmup, last=last, quiet_wait_s=quiet_wait_s, busy_cores=busy_cores)
+    probe = RoundProbe(
+        rl_loop, reference, steps=steps, warmup=warmup, last=last, quiet_wait_s=quiet_wait_s, busy_cores=busy_cores
+    )
     tools = {name: TimedTool(tool, probe.clock) for name, tool in policy.tools.items()}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="rl-step-profile-") as state_dir:
         for patch in probe.patches(rl_loop):
             stack.enter_context(patch)
         try:
-            rl_loop.train_round(policy_model, reference, policy.tokenizer, policy.tasks, tools, rl=rl, rollout=cfg.rollout,
-                                cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size), round_index=1, policy_version="bench",
-                                seed=seed, engine_cfg=cfg.engine, state_dir=Path(state_dir), on_step=probe.on_step)
+            rl_loop.train_round(
+                policy_model,
+                reference,
+                policy.tokenizer,
+                policy.tasks,
+                tools,
+                rl=rl,
+                rollout=cfg.rollout,
+                cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size),
+                round_index=1,
+                policy_version="bench",
+                seed=seed,
+                engine_cfg=cfg.engine,
+                state_dir=Path(state_dir),
+                on_step=probe.on_step,
+            )
         except _RoundDone:
             pass
         finally:
@@ -379,15 +454,26 @@ def step_record(step: int, metrics: dict[str, float], clock: StageClock) -> dict
     generation = _union(clock.spans["generation"])
     tools = _union([span for stage, spans in clock.spans.items() if stage.startswith("tool busy/") for span in spans])
     overlap = _overlap(generation, tools)
-    stages = {"generation": s["generation"], "tools": _length(tools) - overlap, "verification": s["verification"],
-              "old log-probs": s["old log-probs"], "ref log-probs": s["ref log-probs"], "update forward": s["update forward"],
-              "backward": s["backward"], "optimizer step": s["optimizer step"]}
+    stages = {
+        "generation": s["generation"],
+        "tools": _length(tools) - overlap,
+        "verification": s["verification"],
+        "old log-probs": s["old log-probs"],
+        "ref log-probs": s["ref log-probs"],
+        "update forward": s["update forward"],
+        "backward": s["backward"],
+        "optimizer step": s["optimizer step"],
+    }
     keep = ("rollout/", "perf/", "verifier/", "reward/total/mean", "reward/outcome/pass_rate", "actor/entropy")
     return {
-        "step": step, "wall_s": metrics["perf/step_s"], "stages": stages,
+        "step": step,
+        "wall_s": metrics["perf/step_s"],
+        "stages": stages,
         **contention(clock),
-        "tools_busy_s": sum(v for k, v in s.items() if k.startswith("tool busy/")), "tools_wall_s": _length(tools),
-        "tools_overlapping_generation_s": overlap, "rollout_s": s["rollout"],
+        "tools_busy_s": sum(v for k, v in s.items() if k.startswith("tool busy/")),
+        "tools_wall_s": _length(tools),
+        "tools_overlapping_generation_s": overlap,
+        "rollout_s": s["rollout"],
         "tool_busy_by_tool_s": {k.split("/", 1)[1]: v for k, v in s.items() if k.startswith("tool busy/")},
         "counts": dict(clock.counts),
         "metrics": {k: v for k, v in metrics.items() if k.startswith(keep)},
@@ -409,19 +495,27 @@ def summarize(records: list[dict]) -> dict:
     medians = {stage: statistics.median(v) for stage, v in stages.items()}
     total = sum(max(0.0, m) for m in medians.values())
     walls = [r["wall_s"] for r in records]
-    counts = {k: statistics.median(r["counts"].get(k, 0.0) for r in records) for k in sorted(set().union(*(r["counts"] for r in records)))}
+    counts = {
+        k: statistics.median(r["counts"].get(k, 0.0) for r in records)
+        for k in sorted(set().union(*(r["counts"] for r in records)))
+    }
     return {
-        "wall_s": statistics.median(walls), "wall_spread_s": [min(walls), max(walls)],
-        "stages": {stage: {"median_s": medians[stage], "spread_s": [min(v), max(v)], "share": max(0.0, medians[stage]) / total}
-                   for stage, v in stages.items()},
-        "tools_busy_s": statistics.median(r["tools_busy_s"] for r in records), "tools_wall_s": statistics.median(r["tools_wall_s"] for r in records),
+        "wall_s": statistics.median(walls),
+        "wall_spread_s": [min(walls), max(walls)],
+        "stages": {
+            stage: {"median_s": medians[stage], "spread_s": [min(v), max(v)], "share": max(0.0, medians[stage]) / total}
+            for stage, v in stages.items()
+        },
+        "tools_busy_s": statistics.median(r["tools_busy_s"] for r in records),
+        "tools_wall_s": statistics.median(r["tools_wall_s"] for r in records),
         "tools_overlapping_generation_s": statistics.median(r["tools_overlapping_generation_s"] for r in records),
         "counts": counts,
         "tool_call_rate": statistics.median(r["metrics"].get("rollout/tool_call_rate", 0.0) for r in records),
         "process_cpu_per_wall": statistics.median(r["process_cpu_per_wall"] for r in records),
         "other_cpu_cores": statistics.median(r["other_cpu_cores"] for r in records),
         "other_cpu_cores_max": max(r["other_cpu_cores"] for r in records),
-        "steps": len(records), "contended_steps": sum(r["contended"] for r in records),
+        "steps": len(records),
+        "contended_steps": sum(r["contended"] for r in records),
         "turns": statistics.median(r["metrics"].get("rollout/turns", 0.0) for r in records),
     }
 
@@ -454,40 +548,71 @@ def plot(rows: list[dict], path: Path) -> None:
 def padding_share(counts: dict, key: str) -> float:
     """The share of what a stage's passes computed that no real token needed (padding, and rows
     that already stopped); 0 when the stage ran no pass."""
-    return 1 - counts[f"{key} tokens"] / counts[f"{key} tokens computed"] if counts.get(f"{key} tokens computed") else 0.0
+    return (
+        1 - counts[f"{key} tokens"] / counts[f"{key} tokens computed"] if counts.get(f"{key} tokens computed") else 0.0
+    )
 
 
 def markdown(rows: list[dict]) -> str:
     head = "| stage | " + " | ".join(f"{r['size']}: median s [min, max] | {r['size']}: share" for r in rows) + " |"
     lines = [head, "|---" * (1 + 2 * len(rows)) + "|"]
     for stage in STAGES:
-        cells = [f"{r['summary']['stages'][stage]['median_s']:.3f} [{r['summary']['stages'][stage]['spread_s'][0]:.3f}, "
-                 f"{r['summary']['stages'][stage]['spread_s'][1]:.3f}] | **{r['summary']['stages'][stage]['share']:.1%}**" for r in rows]
+        cells = [
+            f"{r['summary']['stages'][stage]['median_s']:.3f} [{r['summary']['stages'][stage]['spread_s'][0]:.3f}, "
+            f"{r['summary']['stages'][stage]['spread_s'][1]:.3f}] | **{r['summary']['stages'][stage]['share']:.1%}**"
+            for r in rows
+        ]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-    lines.append("| **step wall** | " + " | ".join(f"**{r['summary']['wall_s']:.2f}** [{r['summary']['wall_spread_s'][0]:.2f}, "
-                                               f"{r['summary']['wall_spread_s'][1]:.2f}] | 100%" for r in rows) + " |")
-    lines.append("| step wall, median of each round | " + " | ".join(", ".join(f"{x['median_wall_s']:.2f}" for x in r["rounds"]) + " | " for r in rows) + " |")
-    lines += ["", ("| size | params (M) | prompts x group | tokens (prompt + completion) | policy tokens | tool calls | episodes with a tool call | "
-              "tools busy / wall (s) | checkpoint (MB) | save every 10 steps: s per step (share) | steps (contended) | our CPU s per wall s | other processes' cores: median (max) |"),
-              "|---" * 13 + "|"]
+    lines.append(
+        "| **step wall** | "
+        + " | ".join(
+            f"**{r['summary']['wall_s']:.2f}** [{r['summary']['wall_spread_s'][0]:.2f}, "
+            f"{r['summary']['wall_spread_s'][1]:.2f}] | 100%"
+            for r in rows
+        )
+        + " |"
+    )
+    lines.append(
+        "| step wall, median of each round | "
+        + " | ".join(", ".join(f"{x['median_wall_s']:.2f}" for x in r["rounds"]) + " | " for r in rows)
+        + " |"
+    )
+    lines += [
+        "",
+        (
+            "| size | params (M) | prompts x group | tokens (prompt + completion) | policy tokens | tool calls | episodes with a tool call | "
+            "tools busy / wall (s) | checkpoint (MB) | save every 10 steps: s per step (share) | steps (contended) | our CPU s per wall s | other processes' cores: median (max) |"
+        ),
+        "|---" * 13 + "|",
+    ]
     for r in rows:
         s, c = r["summary"], r["summary"]["counts"]
         calls = sum(v for k, v in c.items() if k.startswith("tool calls/"))
         warm = [w["metrics"].get("rollout/tool_call_rate", 0.0) for w in r["steps"] if w["phase"] == "warmup"]
         save = s["stages"]["checkpoint save"]["median_s"]
-        lines.append(f"| {r['size']} | {r['parameters'] / 1e6:.2f} | {r['prompts_per_step']} x {r['group_size']} | {c['tokens']:.0f} | "
-                     f"{c['policy tokens']:.0f} | {calls:.0f} | {s['tool_call_rate']:.0%} (warm-up step: {', '.join(f'{w:.0%}' for w in warm) or '-'}) | "
-                     f"{s['tools_busy_s']:.2f} / {s['tools_wall_s']:.2f} | "
-                     f"{r['checkpoint_mb']:.1f} | {save / 10:.3f} ({save / 10 / (s['wall_s'] - save + save / 10):.1%}) | "
-                     f"{s['steps']} ({s['contended_steps']}) | {s['process_cpu_per_wall']:.2f} | {s['other_cpu_cores']:.2f} ({s['other_cpu_cores_max']:.2f}) |")
-    lines += ["", ("Waste: the share of the tokens each kind of forward pass computed that no real token needed (padding, "
-              "and in decoding, rows that had already stopped)."), "",
-              "| size | engine calls (turns) | generation: prefill | generation: decode | old log-probs | ref log-probs | update forward + backward |",
-              "|---" * 7 + "|"]
+        lines.append(
+            f"| {r['size']} | {r['parameters'] / 1e6:.2f} | {r['prompts_per_step']} x {r['group_size']} | {c['tokens']:.0f} | "
+            f"{c['policy tokens']:.0f} | {calls:.0f} | {s['tool_call_rate']:.0%} (warm-up step: {', '.join(f'{w:.0%}' for w in warm) or '-'}) | "
+            f"{s['tools_busy_s']:.2f} / {s['tools_wall_s']:.2f} | "
+            f"{r['checkpoint_mb']:.1f} | {save / 10:.3f} ({save / 10 / (s['wall_s'] - save + save / 10):.1%}) | "
+            f"{s['steps']} ({s['contended_steps']}) | {s['process_cpu_per_wall']:.2f} | {s['other_cpu_cores']:.2f} ({s['other_cpu_cores_max']:.2f}) |"
+        )
+    lines += [
+        "",
+        (
+            "Waste: the share of the tokens each kind of forward pass computed that no real token needed (padding, "
+            "and in decoding, rows that had already stopped)."
+        ),
+        "",
+        "| size | engine calls (turns) | generation: prefill | generation: decode | old log-probs | ref log-probs | update forward + backward |",
+        "|---" * 7 + "|",
+    ]
     for r in rows:
         c = r["summary"]["counts"]
-        lines.append(f"| {r['size']} | {c['engine calls']:.0f} | {padding_share(c, 'prefill'):.0%} | {padding_share(c, 'decode'):.0%} | "
-                     f"{padding_share(c, 'old log-probs'):.0%} | {padding_share(c, 'ref log-probs'):.0%} | {padding_share(c, 'update forward'):.0%} |")
+        lines.append(
+            f"| {r['size']} | {c['engine calls']:.0f} | {padding_share(c, 'prefill'):.0%} | {padding_share(c, 'decode'):.0%} | "
+            f"{padding_share(c, 'old log-probs'):.0%} | {padding_share(c, 'ref log-probs'):.0%} | {padding_share(c, 'update forward'):.0%} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -511,22 +636,43 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.mfu import SIZES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny,20m", help=f"model sizes (benchmarks/mfu.py's overrides): {', '.join(SIZES)}")
+    parser.add_argument(
+        "--sizes", default="tiny,20m", help=f"model sizes (benchmarks/mfu.py's overrides): {', '.join(SIZES)}"
+    )
     parser.add_argument("--steps", type=int, default=5, help="measured steps per round, after the warm-up")
-    parser.add_argument("--repeats", type=int, default=2, help="rounds per size, sizes alternating; each starts from the same policy and "
-                        "seed (the same work), so rounds differ by timing noise only, and the steps of all rounds are pooled")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="rounds per size, sizes alternating; each starts from the same policy and "
+        "seed (the same work), so rounds differ by timing noise only, and the steps of all rounds are pooled",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
-    parser.add_argument("--sft-steps", default=SFT_STEPS, help="warm-start SFT steps per size (the cache folder's name)")
-    parser.add_argument("--quiet-wait", type=float, default=60.0, help="seconds to wait at most, before each step, for other processes to "
-                        "leave the CPU (the machine is shared); 0: never wait")
+    parser.add_argument(
+        "--sft-steps", default=SFT_STEPS, help="warm-start SFT steps per size (the cache folder's name)"
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait at most, before each step, for other processes to "
+        "leave the CPU (the machine is shared); 0: never wait",
+    )
     parser.add_argument("--extra-steps", type=int, default=3, help="steps run at most to make up for contended ones")
-    parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"), help="warm-start cache (benchmarks/rollout_engines.py's)")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=Path("/tmp/rollout-bench"),
+        help="warm-start cache (benchmarks/rollout_engines.py's)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     sizes, sft_steps = parse_sizes(args.sizes, args.sft_steps, SIZES)
     if min(args.steps, args.repeats) < 1 or min(args.warmup, args.quiet_wait, args.extra_steps) < 0:
-        parser.error(f"--steps and --repeats must be >= 1; --warmup, --quiet-wait and --extra-steps >= 0 "
-                     f"(got {args.steps}, {args.repeats}, {args.warmup}, {args.quiet_wait}, {args.extra_steps})")
+        parser.error(
+            f"--steps and --repeats must be >= 1; --warmup, --quiet-wait and --extra-steps >= 0 "
+            f"(got {args.steps}, {args.repeats}, {args.warmup}, {args.quiet_wait}, {args.extra_steps})"
+        )
 
     import torch
 
@@ -538,32 +684,70 @@ def main(argv: list[str] | None = None) -> int:
     records: dict[str, list[dict]] = {size: [] for size in sizes}
     rounds: dict[str, list[dict]] = {size: [] for size in sizes}
     with SandboxResource.from_config(load_profile("tiny").sandbox).open() as box:
-        policies = {size: setup(size, sft_steps[size], args.home, box) for size in sizes}  # a missing warm start is built first, untimed
+        policies = {
+            size: setup(size, sft_steps[size], args.home, box) for size in sizes
+        }  # a missing warm start is built first, untimed
         for repeat in range(args.repeats):
             for size in sizes:
                 cfg = load_profile("tiny", SIZES[size])
                 start = time.perf_counter()
-                run = profile_round(cfg, policies[size], box, steps=args.steps, warmup=args.warmup, quiet_wait_s=args.quiet_wait, extra_steps=args.extra_steps)
+                run = profile_round(
+                    cfg,
+                    policies[size],
+                    box,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    quiet_wait_s=args.quiet_wait,
+                    extra_steps=args.extra_steps,
+                )
                 for record in run:
                     record["repeat"] = repeat
                 records[size] += run
                 walls = [r["wall_s"] for r in measured(run)]
                 rounds[size].append({"round_s": time.perf_counter() - start, "median_wall_s": statistics.median(walls)})
-                print(f"[profile] {size} round {repeat + 1}/{args.repeats}: {statistics.median(walls):.2f}s per step "
-                      f"[{min(walls):.2f}, {max(walls):.2f}]", flush=True)
+                print(
+                    f"[profile] {size} round {repeat + 1}/{args.repeats}: {statistics.median(walls):.2f}s per step "
+                    f"[{min(walls):.2f}, {max(walls):.2f}]",
+                    flush=True,
+                )
     rows = []
     for size in sizes:
         cfg, summary = load_profile("tiny", SIZES[size]), summarize(records[size])
-        rows.append({"size": size, "parameters": policies[size].parameters, "matmul_parameters": policies[size].matmul_parameters,
-                     "prompts_per_step": cfg.rl.prompts_per_step, "group_size": cfg.rl.group_size, "rounds": rounds[size],
-                     "checkpoint_mb": statistics.median(sum(r["checkpoint_bytes"].values()) for r in measured(records[size])) / 1e6,
-                     "summary": summary, "steps": records[size]})
-        print(f"[profile] {size}: {summary['wall_s']:.2f}s per step; " + ", ".join(
-            f"{stage} {summary['stages'][stage]['median_s']:.2f}s ({summary['stages'][stage]['share']:.0%})" for stage in STAGES), flush=True)
+        rows.append(
+            {
+                "size": size,
+                "parameters": policies[size].parameters,
+                "matmul_parameters": policies[size].matmul_parameters,
+                "prompts_per_step": cfg.rl.prompts_per_step,
+                "group_size": cfg.rl.group_size,
+                "rounds": rounds[size],
+                "checkpoint_mb": statistics.median(sum(r["checkpoint_bytes"].values()) for r in measured(records[size]))
+                / 1e6,
+                "summary": summary,
+                "steps": records[size],
+            }
+        )
+        print(
+            f"[profile] {size}: {summary['wall_s']:.2f}s per step; "
+            + ", ".join(
+                f"{stage} {summary['stages'][stage]['median_s']:.2f}s ({summary['stages'][stage]['share']:.0%})"
+                for stage in STAGES
+            ),
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     version = code_version()
-    (args.out / "rl-step-profile.json").write_text(json.dumps({"command": " ".join(["benchmarks/rl_step_profile.py", *(argv or sys.argv[1:])]),
-                                                               "code": version, "run_s": time.perf_counter() - started, "rows": rows}, indent=1))
+    (args.out / "rl-step-profile.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["benchmarks/rl_step_profile.py", *(argv or sys.argv[1:])]),
+                "code": version,
+                "run_s": time.perf_counter() - started,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     text = version_line(version) + "\n\n" + markdown(rows)
     (args.out / "rl-step-profile.md").write_text(text)
     plot(rows, args.out / "rl-step-profile.png")

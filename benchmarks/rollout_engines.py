@@ -34,12 +34,23 @@ sys.path.insert(0, str(ROOT))
 # The "20m" variant: where generation, not tools, dominates, and engine choice matters more.
 SIZES = {
     "tiny": {},
-    "20m": {"model.hidden_size": 512, "model.intermediate_size": 1408, "model.num_hidden_layers": 6, "model.num_attention_heads": 8,
-            "model.num_key_value_heads": 8, "sft.batch_size": 16, "sft.learning_rate": 3e-4},
+    "20m": {
+        "model.hidden_size": 512,
+        "model.intermediate_size": 1408,
+        "model.num_hidden_layers": 6,
+        "model.num_attention_heads": 8,
+        "model.num_key_value_heads": 8,
+        "sft.batch_size": 16,
+        "sft.learning_rate": 3e-4,
+    },
 }
 # Enough data to warm-start tool use; the full tiny data set would only slow the set-up.
-DATA = {"data.families.arithmetic.train_tasks": 1500, "data.families.search.train_tasks": 800, "data.families.code.train_tasks": 1500,
-        "teacher.num_trajectories": 3000}
+DATA = {
+    "data.families.arithmetic.train_tasks": 1500,
+    "data.families.search.train_tasks": 800,
+    "data.families.code.train_tasks": 1500,
+    "teacher.num_trajectories": 3000,
+}
 
 
 def warm_model(size: str, sft_steps: int, home: Path, sandbox):
@@ -57,7 +68,10 @@ def warm_model(size: str, sft_steps: int, home: Path, sandbox):
         ws = warm_started_policy(cfg, sandbox, sft_steps=sft_steps, seed=0)
         save_checkpoint(ws.model, ws.tokenizer, folder)
         tasks_file.write_text(json.dumps({"tasks": ws.tasks, "kb": [d for d in ws.kb.documents]}))
-        print(f"[bench]   done in {time.perf_counter() - start:.0f}s, SFT loss {ws.sft_history[-1]['loss/sft']:.3f}", flush=True)
+        print(
+            f"[bench]   done in {time.perf_counter() - start:.0f}s, SFT loss {ws.sft_history[-1]['loss/sft']:.3f}",
+            flush=True,
+        )
     saved = json.loads(tasks_file.read_text())
     model = load_policy(folder)
     print(f"[bench] {size}: {num_parameters(model) / 1e6:.1f}M parameters", flush=True)
@@ -70,17 +84,29 @@ def pure_generation(engine, prompts: list[list[int]], lengths: list[int], sampli
     import torch
 
     start = time.perf_counter()
-    out = engine.generate(prompts, lengths, stop_ids=set(), sampling=sampling, generator=torch.Generator().manual_seed(seed))
+    out = engine.generate(
+        prompts, lengths, stop_ids=set(), sampling=sampling, generator=torch.Generator().manual_seed(seed)
+    )
     return sum(len(g.ids) for g in out), time.perf_counter() - start
 
 
-def agentic(engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: int) -> tuple[int, float, float, float, list[int]]:
+def agentic(
+    engine, tokenizer, tasks: list[dict], group: int, tools, cfg, seed: int
+) -> tuple[int, float, float, float, list[int]]:
     import torch
 
     from training.rollout import run_episodes
 
     start = time.perf_counter()
-    episodes = run_episodes(engine, tokenizer, tasks, group_size=group, tools=tools, cfg=cfg.rollout, generator=torch.Generator().manual_seed(seed))
+    episodes = run_episodes(
+        engine,
+        tokenizer,
+        tasks,
+        group_size=group,
+        tools=tools,
+        cfg=cfg.rollout,
+        generator=torch.Generator().manual_seed(seed),
+    )
     wall = time.perf_counter() - start
     tool_s = sum(c["latency_s"] for e in episodes for c in e.tool_calls)
     lengths = [sum(e.tool_mask) for e in episodes]
@@ -108,14 +134,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"))
     parser.add_argument("--sizes", default="tiny,20m")
-    parser.add_argument("--engines", default="hf,vllm,vllm-per-turn", help="vllm-per-turn: vLLM with rollout.vllm.sessions off")
+    parser.add_argument(
+        "--engines", default="hf,vllm,vllm-per-turn", help="vllm-per-turn: vLLM with rollout.vllm.sessions off"
+    )
     parser.add_argument("--sft-steps", default="tiny=400,20m=120", help="warm-start SFT steps per size")
     parser.add_argument("--prompts", type=int, default=32, help="tasks per batch (an RL step's prompts)")
     parser.add_argument("--group", type=int, default=8, help="samples per task; batch = prompts x group")
     parser.add_argument("--repeats", type=int, default=5, help="measured repeats per mode, after one warm-up")
-    parser.add_argument("--tool-cores", default="0", help="rollout.tool_cores settings to run the agent loop with, e.g. 0,1 "
-                        "(pure generation always runs on every core: the engine at its best without tools)")
-    parser.add_argument("--replay-tools", action="store_true", help="also run each repeat's episodes with tool results replayed (no tool CPU)")
+    parser.add_argument(
+        "--tool-cores",
+        default="0",
+        help="rollout.tool_cores settings to run the agent loop with, e.g. 0,1 "
+        "(pure generation always runs on every core: the engine at its best without tools)",
+    )
+    parser.add_argument(
+        "--replay-tools",
+        action="store_true",
+        help="also run each repeat's episodes with tool results replayed (no tool CPU)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
@@ -123,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from assets.resources import SandboxResource
     from configs.schema import SandboxConfig
+    from environments.base import KnowledgeBase
     from environments.families import build_tools
-    from environments.search import KnowledgeBase
     from training.rollout_engines import HFEngine, Sampling, VLLMEngine
 
     torch.set_num_threads(2)
@@ -134,14 +170,25 @@ def main(argv: list[str] | None = None) -> int:
     with SandboxResource.from_config(SandboxConfig()).open() as box:
         for size in args.sizes.split(","):
             cfg, folder, model, tok, tasks, documents = warm_model(size, int(steps[size]), args.home, box)
-            tools = {name: Replay(tool) for name, tool in build_tools(sandbox=box, kb=KnowledgeBase([], {}, documents), top_k=cfg.data.knowledge_base.top_k).items()}
+            tools = {
+                name: Replay(tool)
+                for name, tool in build_tools(
+                    sandbox=box, kb=KnowledgeBase([], {}, documents), top_k=cfg.data.knowledge_base.top_k
+                ).items()
+            }
             by_family = {f: [t for t in tasks if t["family"] == f] for f in ("arithmetic", "search", "code")}
-            batch = [t for i in range(args.prompts) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]]
+            batch = [
+                t for i in range(args.prompts) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]
+            ]
             prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in batch for _ in range(args.group)]
             sampling = Sampling.of(cfg.rollout)
             # A core kept for tools only helps a schedule that generates while tools run (vLLM's); HF's
             # turn-by-turn schedule would leave it idle during generation, so HF runs on every core.
-            runs = [(k, int(c)) for k in args.engines.split(",") for c in (args.tool_cores.split(",") if k != "hf" else ["0"])]
+            runs = [
+                (k, int(c))
+                for k in args.engines.split(",")
+                for c in (args.tool_cores.split(",") if k != "hf" else ["0"])
+            ]
             for kind, tool_cores in runs:
                 run_cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"tool_cores": tool_cores})})
                 start = time.perf_counter()
@@ -150,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
 
                     engine = HFEngine(load_policy(folder))
                 else:  # "vllm": an episode is one session (KV kept between turns); "vllm-per-turn": a request per turn
-                    rollout = cfg.rollout.model_copy(update={"vllm": cfg.rollout.vllm.model_copy(update={"sessions": kind == "vllm"})})
+                    rollout = cfg.rollout.model_copy(
+                        update={"vllm": cfg.rollout.vllm.model_copy(update={"sessions": kind == "vllm"})}
+                    )
                     engine = VLLMEngine(folder, rollout, seed=0)
                 startup = time.perf_counter() - start
                 sync_s = engine.sync_weights(model)
@@ -170,36 +219,65 @@ def main(argv: list[str] | None = None) -> int:
                         agent_runs.append(agent[:4])
                         if replayed:
                             replay_runs.append(replayed[:2])
-                    print(f"[bench] {size} {kind} tool_cores={tool_cores} #{repeat}: agentic {agent[0]} tok in {agent[1]:.2f}s; pure {pure[0]} tok in {pure[1]:.2f}s "
-                          f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)"
-                          + (f"; tools replayed: {replayed[0]} tok in {replayed[1]:.2f}s, {sum(t.misses for t in tools.values())} calls not in the record"
-                             if replayed else ""), flush=True)
+                    print(
+                        f"[bench] {size} {kind} tool_cores={tool_cores} #{repeat}: agentic {agent[0]} tok in {agent[1]:.2f}s; pure {pure[0]} tok in {pure[1]:.2f}s "
+                        f"(tool calls in {agent[2]:.0%} of episodes, tool time {agent[3]:.2f}s)"
+                        + (
+                            f"; tools replayed: {replayed[0]} tok in {replayed[1]:.2f}s, {sum(t.misses for t in tools.values())} calls not in the record"
+                            if replayed
+                            else ""
+                        ),
+                        flush=True,
+                    )
                 engine.close()
                 pure_tps = statistics.median(t / s for t, s in pure_runs)
                 agent_tps = statistics.median(t / s for t, s, _, _ in agent_runs)
-                rows.append({
-                    "size": size, "engine": kind, "tool_cores": tool_cores, "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
-                    "episodes": len(prompts), "startup_s": round(startup, 2), "weight_sync_s": round(sync_s, 4),
-                    "pure_tokens_per_s": round(pure_tps, 1), "agentic_tokens_per_s": round(agent_tps, 1), "ratio": round(agent_tps / pure_tps, 3),
-                    "tool_call_rate": round(statistics.median(r[2] for r in agent_runs), 3),
-                    "agentic_wall_s": round(statistics.median(r[1] for r in agent_runs), 2),
-                    "pure_runs": pure_runs, "agentic_runs": agent_runs,
-                })
+                rows.append(
+                    {
+                        "size": size,
+                        "engine": kind,
+                        "tool_cores": tool_cores,
+                        "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+                        "episodes": len(prompts),
+                        "startup_s": round(startup, 2),
+                        "weight_sync_s": round(sync_s, 4),
+                        "pure_tokens_per_s": round(pure_tps, 1),
+                        "agentic_tokens_per_s": round(agent_tps, 1),
+                        "ratio": round(agent_tps / pure_tps, 3),
+                        "tool_call_rate": round(statistics.median(r[2] for r in agent_runs), 3),
+                        "agentic_wall_s": round(statistics.median(r[1] for r in agent_runs), 2),
+                        "pure_runs": pure_runs,
+                        "agentic_runs": agent_runs,
+                    }
+                )
                 if replay_runs:
                     replay_tps = statistics.median(t / s for t, s in replay_runs)
-                    rows[-1] |= {"replayed_tools_tokens_per_s": round(replay_tps, 1), "replayed_ratio": round(replay_tps / pure_tps, 3),
-                                 "replayed_runs": replay_runs}
-                print(f"[bench] {size} {kind} tool_cores={tool_cores}: ratio {rows[-1]['ratio']}" + (f", with tools replayed {rows[-1]['replayed_ratio']}" if replay_runs else ""), flush=True)
+                    rows[-1] |= {
+                        "replayed_tools_tokens_per_s": round(replay_tps, 1),
+                        "replayed_ratio": round(replay_tps / pure_tps, 3),
+                        "replayed_runs": replay_runs,
+                    }
+                print(
+                    f"[bench] {size} {kind} tool_cores={tool_cores}: ratio {rows[-1]['ratio']}"
+                    + (f", with tools replayed {rows[-1]['replayed_ratio']}" if replay_runs else ""),
+                    flush=True,
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     replay = args.replay_tools
     name = "rollout-engines-replay" if replay else "rollout-engines"
-    (args.out / f"{name}.json").write_text(json.dumps({"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]),
-                                                               "rows": rows}, indent=1))
+    (args.out / f"{name}.json").write_text(
+        json.dumps(
+            {"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]), "rows": rows}, indent=1
+        )
+    )
     header = "| size | params (M) | engine | tool cores | start-up (s) | weight sync (s) | pure gen tok/s | agentic tok/s | agentic / pure | episodes with a tool call |"
     lines = [header + (" tools replayed: agentic / pure |" if replay else ""), "|---" * (11 if replay else 10) + "|"]
     for r in rows:
-        lines.append(f"| {r['size']} | {r['parameters_m']} | {r['engine']} | {r['tool_cores']} | {r['startup_s']} | {r['weight_sync_s']} | {r['pure_tokens_per_s']} | "
-                     f"{r['agentic_tokens_per_s']} | **{r['ratio']}** | {r['tool_call_rate']:.0%} |" + (f" {r['replayed_ratio']} |" if replay else ""))
+        lines.append(
+            f"| {r['size']} | {r['parameters_m']} | {r['engine']} | {r['tool_cores']} | {r['startup_s']} | {r['weight_sync_s']} | {r['pure_tokens_per_s']} | "
+            f"{r['agentic_tokens_per_s']} | **{r['ratio']}** | {r['tool_call_rate']:.0%} |"
+            + (f" {r['replayed_ratio']} |" if replay else "")
+        )
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -49,15 +49,22 @@ TARGET = 0.8
 LIMITS = SandboxLimits()  # the service is started with the same (its CLI defaults)
 # uids apart from a training run's pool (DEFAULT_UID_BASE) and from each other
 UID_BASE_IN_PROCESS, UID_BASE_SERVICE = DEFAULT_UID_BASE + 30_000_000, DEFAULT_UID_BASE + 30_000_100
-TASK = {"task_id": "c", "family": "code", "entry_point": "add", "answer": "",
-        "tests": [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(3)]}
+TASK = {
+    "task_id": "c",
+    "family": "code",
+    "entry_point": "add",
+    "answer": "",
+    "tests": [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(3)],
+}
 CANDIDATE = Candidate(["<answer>def add(a, b):\n    return a + b</answer>"], 20, ())
 VERIFICATIONS = "code verifications/min (3 unit tests, cascade, {})"  # .format(concurrency)
 PROGRAMS = "trivial programs/min (run_many)"
 
 
 def verifications_per_min(box, calls: int, concurrency: int) -> float:
-    cascade = Cascade(RewardConfig(verifiers={"code": VerifierSpec(name="unit_tests")}, terms={}), box, concurrency=concurrency)
+    cascade = Cascade(
+        RewardConfig(verifiers={"code": VerifierSpec(name="unit_tests")}, terms={}), box, concurrency=concurrency
+    )
     start = time.perf_counter()
     scored = cascade.score_many([(CANDIDATE, TASK)] * calls)
     elapsed = time.perf_counter() - start
@@ -77,7 +84,10 @@ def programs_per_min(box, calls: int) -> float:
 
 def measure(box, calls: int, pool_size: int) -> dict[str, float]:
     box.run_many(["pass"] * 4 * pool_size)  # warm the workers (and the HTTP connections)
-    figures = {VERIFICATIONS.format(f"concurrency {c}"): verifications_per_min(box, calls, c) for c in (pool_size, 2 * pool_size)}
+    figures = {
+        VERIFICATIONS.format(f"concurrency {c}"): verifications_per_min(box, calls, c)
+        for c in (pool_size, 2 * pool_size)
+    }
     return {**figures, PROGRAMS: programs_per_min(box, 2 * calls)}
 
 
@@ -88,8 +98,21 @@ def service(pool_size: int):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token, url = secrets.token_hex(16), f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "verifiers.sandbox_service", "--host", "127.0.0.1", "--port", str(port),
-            "--pool-size", str(pool_size), "--uid-base", str(UID_BASE_SERVICE), "--log-level", "warning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "verifiers.sandbox_service",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--pool-size",
+        str(pool_size),
+        "--uid-base",
+        str(UID_BASE_SERVICE),
+        "--log-level",
+        "warning",
+    ]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, TOKEN_ENV: token}, stdout=log, stderr=log)
         try:
@@ -120,38 +143,66 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log) -> None:
 def run(calls: int, rounds: int, pool_size: int) -> dict:
     runs: dict[str, list[dict[str, float]]] = {"in_process": [], "service": []}
     load_start = os.getloadavg()
-    with service(pool_size) as (url, token), \
-            BubblewrapSandbox(LIMITS, pool_size, uid_base=UID_BASE_IN_PROCESS) as local, \
-            HTTPSandbox(url, token, LIMITS, concurrency=2 * pool_size) as remote:
+    with (
+        service(pool_size) as (url, token),
+        BubblewrapSandbox(LIMITS, pool_size, uid_base=UID_BASE_IN_PROCESS) as local,
+        HTTPSandbox(url, token, LIMITS, concurrency=2 * pool_size) as remote,
+    ):
         for i in range(rounds):
             for name, box in (("in_process", local), ("service", remote)):
                 runs[name].append(measure(box, calls, pool_size))
-                print(f"round {i + 1}/{rounds} {name:<10} " + "  ".join(f"{k}: {v:,.0f}" for k, v in runs[name][-1].items()), flush=True)
+                print(
+                    f"round {i + 1}/{rounds} {name:<10} "
+                    + "  ".join(f"{k}: {v:,.0f}" for k, v in runs[name][-1].items()),
+                    flush=True,
+                )
     figures = {}
     for label in runs["in_process"][0]:
         local_median = statistics.median(r[label] for r in runs["in_process"])
         service_median = statistics.median(r[label] for r in runs["service"])
-        figures[label] = {"in_process": local_median, "service": service_median, "ratio": service_median / local_median,
-                          "in_process_rounds": [r[label] for r in runs["in_process"]], "service_rounds": [r[label] for r in runs["service"]]}
+        figures[label] = {
+            "in_process": local_median,
+            "service": service_median,
+            "ratio": service_median / local_median,
+            "in_process_rounds": [r[label] for r in runs["in_process"]],
+            "service_rounds": [r[label] for r in runs["service"]],
+        }
     measured = [f for label, f in figures.items() if label != PROGRAMS]
     best = {side: max(f[side] for f in measured) for side in ("in_process", "service")}
     headline = best["service"] / best["in_process"]
     figures[VERIFICATIONS.format("each side at its better concurrency")] = {**best, "ratio": headline}
-    return {"calls": calls, "rounds": rounds, "pool_size": pool_size, "target_ratio": TARGET,
-            "headline_ratio": headline, "meets_target": headline >= TARGET, "figures": figures,
-            "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "python": platform.python_version(), "commit": _commit()}
+    return {
+        "calls": calls,
+        "rounds": rounds,
+        "pool_size": pool_size,
+        "target_ratio": TARGET,
+        "headline_ratio": headline,
+        "meets_target": headline >= TARGET,
+        "figures": figures,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "commit": _commit(),
+    }
 
 
 def _commit() -> str:
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True
+    ).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 
 def table(result: dict) -> str:
-    rows = [f"| figure ({result['pool_size']} workers, medians of {result['rounds']} rounds) | in-process | service | ratio |",
-            "|---|---|---|---|"]
+    rows = [
+        f"| figure ({result['pool_size']} workers, medians of {result['rounds']} rounds) | in-process | service | ratio |",
+        "|---|---|---|---|",
+    ]
     for label, f in result["figures"].items():
         rows.append(f"| {label} | {f['in_process']:,.0f} | {f['service']:,.0f} | **{f['ratio']:.2f}** |")
     return "\n".join(rows)
@@ -160,19 +211,26 @@ def table(result: dict) -> str:
 def write(result: dict, out: Path, argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sandbox_service.json").write_text(json.dumps(result, indent=1))
-    load = ", ".join(f"{x:.2f}" for x in result["loadavg_start"]) + " -> " + ", ".join(f"{x:.2f}" for x in result["loadavg_end"])
+    load = (
+        ", ".join(f"{x:.2f}" for x in result["loadavg_start"])
+        + " -> "
+        + ", ".join(f"{x:.2f}" for x in result["loadavg_end"])
+    )
     verdict = "meets" if result["meets_target"] else "misses"
     (out / "sandbox_service.md").write_text(
         f"# The sandbox service vs the in-process pool\n\n"
         f"`{' '.join(['.venv/bin/python benchmarks/sandbox_service.py', *argv])}` at `{result['commit']}`, "
         f"{result['cpus']} CPUs ({result['machine']}), load average {load}.\n\n{table(result)}\n\n"
         f"Code verifications through the service, each side at its better concurrency: ratio "
-        f"{result['headline_ratio']:.2f}, which {verdict} issue 23's target (>= {TARGET}).\n")
+        f"{result['headline_ratio']:.2f}, which {verdict} issue 23's target (>= {TARGET}).\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=400, help="verifications per measurement (2x as many trivial programs)")
+    parser.add_argument(
+        "--calls", type=int, default=400, help="verifications per measurement (2x as many trivial programs)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")

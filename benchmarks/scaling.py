@@ -53,8 +53,13 @@ from benchmarks.rl_step_profile import (  # noqa: E402
 )
 
 # A size between tiny and 20m (Qwen2 blocks, head size 64 as 20m's).
-FIVE_M = {"model.hidden_size": 384, "model.intermediate_size": 1024, "model.num_hidden_layers": 3, "model.num_attention_heads": 6,
-          "model.num_key_value_heads": 6}
+FIVE_M = {
+    "model.hidden_size": 384,
+    "model.intermediate_size": 1024,
+    "model.num_hidden_layers": 3,
+    "model.num_attention_heads": 6,
+    "model.num_key_value_heads": 6,
+}
 SIZES = {**mfu.SIZES, "5m": FIVE_M}
 # rollout_engines.warm_model (the warm-start cache this reuses) reads model shapes from its own
 # SIZES; 5m is registered there with the SFT settings its 20m uses.
@@ -73,12 +78,12 @@ QUICK_BASE = {"rl.prompts_per_step": 4, "rl.group_size": 4, "rollout.max_turns":
 # What the step's FLOPs and work do along each axis, for reading the fitted exponents.
 MECHANISM = {
     "size": "model FLOPs are linear in matmul parameters (2N per token per forward, 6N per trained token); per-step costs that do not "
-            "depend on the model (tools, verification, Python bookkeeping, per-op overhead of thin matmuls) flatten the small end",
+    "depend on the model (tools, verification, Python bookkeeping, per-op overhead of thin matmuls) flatten the small end",
     "group": "trajectories grow linearly with G, but a batched decode step costs little more for more rows at these widths, so time per "
-             "token falls; padding (to the longest row of a pass) is what could make it super-linear, as a larger batch holds a longer trajectory",
+    "token falls; padding (to the longest row of a pass) is what could make it super-linear, as a larger batch holds a longer trajectory",
     "batch": "as for G: trajectories grow linearly with the prompts, decode steps are shared, and padding grows with the batch's longest trajectory",
     "turns": "a turn re-prefills the whole episode in the HF engine (no KV cache is kept between turns), and longer episodes widen the "
-             "padded passes; attention is quadratic in length, but at <= 256 tokens it is a small part of a forward pass",
+    "padded passes; attention is quadratic in length, but at <= 256 tokens it is a small part of a forward pass",
 }
 
 
@@ -140,56 +145,120 @@ def analyse(axis: str, points: list[tuple[str, Setting]], policies: dict) -> dic
     added = {stage: last[stage]["median_s"] - first[stage]["median_s"] for stage in STAGES}
     total_added = sum(added.values())
     driver = max(added, key=added.get)
-    stage_slope = (fit([xs[0], xs[-1]], [first[driver]["median_s"], last[driver]["median_s"]])[0]
-                   if first[driver]["median_s"] > 0 and last[driver]["median_s"] > 0 else float("nan"))
+    stage_slope = (
+        fit([xs[0], xs[-1]], [first[driver]["median_s"], last[driver]["median_s"]])[0]
+        if first[driver]["median_s"] > 0 and last[driver]["median_s"] > 0
+        else float("nan")
+    )
     flagged = slope - 2 * se > 1.1 if not math.isnan(se) else slope > 1.1
     flagged_top = top_slope - 2 * top_se > 1.1 if not math.isnan(top_se) else top_slope > 1.1
-    return {"axis": axis, "x_name": AXES[axis][0], "exponent": slope, "exponent_se": se, "tokens_exponent": token_slope,
-            "per_token_exponent": per_token_slope, "per_token_exponent_se": per_token_se,
-            "super_linear": bool(flagged), "above_1_1_within_noise": bool(slope > 1.1 and not flagged),
-            "top_exponent": top_slope, "top_exponent_se": top_se, "super_linear_at_top": bool(flagged_top),
-            "driver": driver, "driver_share_of_added_time": added[driver] / total_added if total_added > 0 else float("nan"),
-            "driver_exponent": stage_slope, "added_s_by_stage": added, "mechanism": MECHANISM[axis],
-            "points": [{"label": label, "x": x, "size": s.size, "overrides": s.overrides, "wall_s": s.summary["wall_s"],
-                        "spread_s": s.summary["wall_spread_s"], "walls_s": [r["wall_s"] for r in measured(s.records)],
-                        "trajectories": s.summary["counts"]["trajectories"], "tokens": s.summary["counts"]["tokens"],
-                        "policy_tokens": s.summary["counts"]["policy tokens"], "turns": s.summary["turns"],
-                        "tool_call_rate": s.summary["tool_call_rate"], "other_cpu_cores": s.summary["other_cpu_cores"],
-                        "update_padding": padding_share(s.summary["counts"], "update forward"), "steps": s.summary["steps"], "contended_steps": s.summary["contended_steps"],
-                        "round_medians_s": [r["median_wall_s"] for r in s.rounds],
-                        "stages_s": {k: v["median_s"] for k, v in s.summary["stages"].items()}}
-                       for x, (label, s) in zip(xs, points)]}
+    return {
+        "axis": axis,
+        "x_name": AXES[axis][0],
+        "exponent": slope,
+        "exponent_se": se,
+        "tokens_exponent": token_slope,
+        "per_token_exponent": per_token_slope,
+        "per_token_exponent_se": per_token_se,
+        "super_linear": bool(flagged),
+        "above_1_1_within_noise": bool(slope > 1.1 and not flagged),
+        "top_exponent": top_slope,
+        "top_exponent_se": top_se,
+        "super_linear_at_top": bool(flagged_top),
+        "driver": driver,
+        "driver_share_of_added_time": added[driver] / total_added if total_added > 0 else float("nan"),
+        "driver_exponent": stage_slope,
+        "added_s_by_stage": added,
+        "mechanism": MECHANISM[axis],
+        "points": [
+            {
+                "label": label,
+                "x": x,
+                "size": s.size,
+                "overrides": s.overrides,
+                "wall_s": s.summary["wall_s"],
+                "spread_s": s.summary["wall_spread_s"],
+                "walls_s": [r["wall_s"] for r in measured(s.records)],
+                "trajectories": s.summary["counts"]["trajectories"],
+                "tokens": s.summary["counts"]["tokens"],
+                "policy_tokens": s.summary["counts"]["policy tokens"],
+                "turns": s.summary["turns"],
+                "tool_call_rate": s.summary["tool_call_rate"],
+                "other_cpu_cores": s.summary["other_cpu_cores"],
+                "update_padding": padding_share(s.summary["counts"], "update forward"),
+                "steps": s.summary["steps"],
+                "contended_steps": s.summary["contended_steps"],
+                "round_medians_s": [r["median_wall_s"] for r in s.rounds],
+                "stages_s": {k: v["median_s"] for k, v in s.summary["stages"].items()},
+            }
+            for x, (label, s) in zip(xs, points)
+        ],
+    }
 
 
 def markdown(axes: list[dict]) -> str:
     lines = []
     for a in axes:
-        lines += [f"### {a['axis']}: step time vs {a['x_name']}", "",
-                  (f"| {a['x_name']} | trajectories | tokens | turns per episode | episodes with a tool call | step s, median [min, max] | "
-                  "median of each round | ms per trajectory | µs per token | padding in the update's passes | steps (contended) | other processes' cores |"),
-                  "|---" * 12 + "|"]
+        lines += [
+            f"### {a['axis']}: step time vs {a['x_name']}",
+            "",
+            (
+                f"| {a['x_name']} | trajectories | tokens | turns per episode | episodes with a tool call | step s, median [min, max] | "
+                "median of each round | ms per trajectory | µs per token | padding in the update's passes | steps (contended) | other processes' cores |"
+            ),
+            "|---" * 12 + "|",
+        ]
         for p in a["points"]:
             x = f"{p['label']} ({p['x'] / 1e6:.2f}M)" if a["axis"] == "size" else p["label"]
-            lines.append(f"| {x} | {p['trajectories']:.0f} | {p['tokens']:.0f} | {p['turns']:.2f} | {p['tool_call_rate']:.0%} | "
-                         f"**{p['wall_s']:.2f}** [{p['spread_s'][0]:.2f}, {p['spread_s'][1]:.2f}] | {', '.join(f'{m:.2f}' for m in p['round_medians_s'])} | "
-                         f"{1000 * p['wall_s'] / p['trajectories']:.1f} | "
-                         f"{1e6 * p['wall_s'] / p['tokens']:.0f} | {p['update_padding']:.0%} | {p['steps']} ({p['contended_steps']}) | {p['other_cpu_cores']:.2f} |")
-        verdict = ("**FLAG: super-linear**" if a["super_linear"] else "above 1.1 but not clearly (within two standard errors)"
-                   if a["above_1_1_within_noise"] else "not super-linear")
+            lines.append(
+                f"| {x} | {p['trajectories']:.0f} | {p['tokens']:.0f} | {p['turns']:.2f} | {p['tool_call_rate']:.0%} | "
+                f"**{p['wall_s']:.2f}** [{p['spread_s'][0]:.2f}, {p['spread_s'][1]:.2f}] | {', '.join(f'{m:.2f}' for m in p['round_medians_s'])} | "
+                f"{1000 * p['wall_s'] / p['trajectories']:.1f} | "
+                f"{1e6 * p['wall_s'] / p['tokens']:.0f} | {p['update_padding']:.0%} | {p['steps']} ({p['contended_steps']}) | {p['other_cpu_cores']:.2f} |"
+            )
+        verdict = (
+            "**FLAG: super-linear**"
+            if a["super_linear"]
+            else "above 1.1 but not clearly (within two standard errors)"
+            if a["above_1_1_within_noise"]
+            else "not super-linear"
+        )
         if math.isnan(a["exponent_se"]):
             verdict += " (too few steps for an error estimate)"
-        growth = (f"Most of the added time is {a['driver']} ({a['driver_share_of_added_time']:.0%} of it; its own exponent {a['driver_exponent']:.2f})."
-                  if a["driver_share_of_added_time"] == a["driver_share_of_added_time"] else "The step did not get slower from the first setting to the last.")
-        top = f"between the two largest settings {a['top_exponent']:.2f} ± {a['top_exponent_se']:.2f}" + (" (**FLAG: super-linear at the top end**)" if a["super_linear_at_top"] else "")
-        lines += ["", (f"Exponent **{a['exponent']:.2f}** ± {a['exponent_se']:.2f}: {verdict}; {top}. It splits into tokens (exponent "
-                  f"{a['tokens_exponent']:.2f}) times time per token (exponent {a['per_token_exponent']:.2f} ± {a['per_token_exponent_se']:.2f}). "
-                  f"{growth} Mechanism: {a['mechanism']}."), ""]
-    lines += [("| axis | step time exponent ± SE | between the two largest | tokens exponent | time per token exponent | super-linear (> 1.1 by 2 SE) | "
-              "most of the added time |"), "|---" * 7 + "|"]
-    lines += [f"| {a['axis']} | **{a['exponent']:.2f}** ± {a['exponent_se']:.2f} | {a['top_exponent']:.2f} ± {a['top_exponent_se']:.2f} | {a['tokens_exponent']:.2f} | "
-              f"{a['per_token_exponent']:.2f} | {'**FLAG**' if a['super_linear'] else '**FLAG at the top end**' if a['super_linear_at_top'] else 'no'} | "
-              + (f"{a['driver']} ({a['driver_share_of_added_time']:.0%}) |" if a["driver_share_of_added_time"] == a["driver_share_of_added_time"] else "(no added time) |")
-              for a in axes]
+        growth = (
+            f"Most of the added time is {a['driver']} ({a['driver_share_of_added_time']:.0%} of it; its own exponent {a['driver_exponent']:.2f})."
+            if a["driver_share_of_added_time"] == a["driver_share_of_added_time"]
+            else "The step did not get slower from the first setting to the last."
+        )
+        top = f"between the two largest settings {a['top_exponent']:.2f} ± {a['top_exponent_se']:.2f}" + (
+            " (**FLAG: super-linear at the top end**)" if a["super_linear_at_top"] else ""
+        )
+        lines += [
+            "",
+            (
+                f"Exponent **{a['exponent']:.2f}** ± {a['exponent_se']:.2f}: {verdict}; {top}. It splits into tokens (exponent "
+                f"{a['tokens_exponent']:.2f}) times time per token (exponent {a['per_token_exponent']:.2f} ± {a['per_token_exponent_se']:.2f}). "
+                f"{growth} Mechanism: {a['mechanism']}."
+            ),
+            "",
+        ]
+    lines += [
+        (
+            "| axis | step time exponent ± SE | between the two largest | tokens exponent | time per token exponent | super-linear (> 1.1 by 2 SE) | "
+            "most of the added time |"
+        ),
+        "|---" * 7 + "|",
+    ]
+    lines += [
+        f"| {a['axis']} | **{a['exponent']:.2f}** ± {a['exponent_se']:.2f} | {a['top_exponent']:.2f} ± {a['top_exponent_se']:.2f} | {a['tokens_exponent']:.2f} | "
+        f"{a['per_token_exponent']:.2f} | {'**FLAG**' if a['super_linear'] else '**FLAG at the top end**' if a['super_linear_at_top'] else 'no'} | "
+        + (
+            f"{a['driver']} ({a['driver_share_of_added_time']:.0%}) |"
+            if a["driver_share_of_added_time"] == a["driver_share_of_added_time"]
+            else "(no added time) |"
+        )
+        for a in axes
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -204,19 +273,36 @@ def plot(axes: list[dict], path: Path) -> None:
     panels = panels[0]
     for ax, a in zip(panels, axes):
         xs, ys = [p["x"] for p in a["points"]], [p["wall_s"] for p in a["points"]]
-        low, high = [y - p["spread_s"][0] for y, p in zip(ys, a["points"])], [p["spread_s"][1] - y for y, p in zip(ys, a["points"])]
-        ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, color="tab:red" if a["super_linear"] else "tab:blue", label="step (median, min-max)")
+        low, high = (
+            [y - p["spread_s"][0] for y, p in zip(ys, a["points"])],
+            [p["spread_s"][1] - y for y, p in zip(ys, a["points"])],
+        )
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[low, high],
+            marker="o",
+            capsize=3,
+            color="tab:red" if a["super_linear"] else "tab:blue",
+            label="step (median, min-max)",
+        )
         ax.plot([xs[0], xs[-1]], [ys[0], ys[0] * xs[-1] / xs[0]], ":", color="grey", label="linear (slope 1)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         # ticks at the settings themselves, and plain numbers: log axes' default labels are unreadable here
-        ax.set_xticks(xs, [f"{p['label']}\n{p['x'] / 1e6:.1f}M" if a["axis"] == "size" else p["label"] for p in a["points"]])
+        ax.set_xticks(
+            xs, [f"{p['label']}\n{p['x'] / 1e6:.1f}M" if a["axis"] == "size" else p["label"] for p in a["points"]]
+        )
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(a["x_name"])
-        ax.set_title(f"{a['axis']}: exponent {a['exponent']:.2f} ± {a['exponent_se']:.2f}" + (" FLAG" if a["super_linear"] else ""), fontsize=10)
+        ax.set_title(
+            f"{a['axis']}: exponent {a['exponent']:.2f} ± {a['exponent_se']:.2f}"
+            + (" FLAG" if a["super_linear"] else ""),
+            fontsize=10,
+        )
     panels[0].set_ylabel("GRPO step (s)")
     panels[0].legend(fontsize=8)
     fig.tight_layout()
@@ -226,15 +312,42 @@ def plot(axes: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke run: two settings per axis, small batches, two measured steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: two settings per axis, small batches, two measured steps"
+    )
     parser.add_argument("--axes", default=",".join(AXES), help=f"which axes: {', '.join(AXES)}")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per setting, after one warm-up (default 5; 2 with --quick)")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds per setting, all settings once before any twice; the same seed, so "
-                        "the same work: rounds differ by timing noise only, and their steps are pooled (default 2; 1 with --quick)")
-    parser.add_argument("--quiet-wait", type=float, default=None, help="seconds to wait at most, before each step, for other processes to "
-                        "leave the CPU (the machine is shared; default 10, 0 with --quick: a smoke run does not wait)")
-    parser.add_argument("--extra-steps", type=int, default=None, help="steps run at most per round to make up for contended ones (default 2; 0 with --quick)")
-    parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"), help="warm-start cache (benchmarks/rollout_engines.py's)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="measured steps per setting, after one warm-up (default 5; 2 with --quick)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="rounds per setting, all settings once before any twice; the same seed, so "
+        "the same work: rounds differ by timing noise only, and their steps are pooled (default 2; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        help="seconds to wait at most, before each step, for other processes to "
+        "leave the CPU (the machine is shared; default 10, 0 with --quick: a smoke run does not wait)",
+    )
+    parser.add_argument(
+        "--extra-steps",
+        type=int,
+        default=None,
+        help="steps run at most per round to make up for contended ones (default 2; 0 with --quick)",
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=Path("/tmp/rollout-bench"),
+        help="warm-start cache (benchmarks/rollout_engines.py's)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     chosen = [a for a in args.axes.split(",") if a]
@@ -245,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_wait = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 10.0)
     extra_steps = args.extra_steps if args.extra_steps is not None else (0 if args.quick else 2)
     if min(steps, repeats) < 1 or quiet_wait < 0 or extra_steps < 0:
-        parser.error(f"--steps and --repeats must be >= 1, --quiet-wait and --extra-steps >= 0 "
-                     f"(got {steps}, {repeats}, {quiet_wait}, {extra_steps})")
+        parser.error(
+            f"--steps and --repeats must be >= 1, --quiet-wait and --extra-steps >= 0 "
+            f"(got {steps}, {repeats}, {quiet_wait}, {extra_steps})"
+        )
     values = {a: (QUICK if args.quick else FULL)[a] for a in chosen}
 
     import torch
@@ -260,34 +375,65 @@ def main(argv: list[str] | None = None) -> int:
     settings = list({s.key: s for points in by_axis.values() for _, s in points}.values())
     policies = {}
     with SandboxResource.from_config(load_profile("tiny").sandbox).open() as box:
-        for size in dict.fromkeys(s.size for s in settings):  # warm starts first: a missing one is built once, outside the timings
+        for size in dict.fromkeys(
+            s.size for s in settings
+        ):  # warm starts first: a missing one is built once, outside the timings
             policies[size] = setup(size, SFT_STEPS[size], args.home, box)
         sweep_start = time.perf_counter()
         for repeat in range(repeats):
             for i, setting in enumerate(settings, 1):
                 cfg = load_profile("tiny", {**SIZES[setting.size], **setting.overrides})
                 start = time.perf_counter()
-                run = profile_round(cfg, policies[setting.size], box, steps=steps, quiet_wait_s=quiet_wait, extra_steps=extra_steps)
+                run = profile_round(
+                    cfg, policies[setting.size], box, steps=steps, quiet_wait_s=quiet_wait, extra_steps=extra_steps
+                )
                 for record in run:
                     record["repeat"] = repeat
                 setting.records += run
                 walls = [r["wall_s"] for r in measured(run)]
-                setting.rounds.append({"round_s": time.perf_counter() - start, "median_wall_s": statistics.median(walls)})
-                print(f"[scaling] round {repeat + 1}/{repeats}, {i}/{len(settings)} {setting.size} {setting.overrides}: {statistics.median(walls):.2f}s "
-                      f"per step [{min(walls):.2f}, {max(walls):.2f}], {run[-1]['counts']['trajectories']:.0f} trajectories "
-                      f"(round {setting.rounds[-1]['round_s']:.0f}s)", flush=True)
+                setting.rounds.append(
+                    {"round_s": time.perf_counter() - start, "median_wall_s": statistics.median(walls)}
+                )
+                print(
+                    f"[scaling] round {repeat + 1}/{repeats}, {i}/{len(settings)} {setting.size} {setting.overrides}: {statistics.median(walls):.2f}s "
+                    f"per step [{min(walls):.2f}, {max(walls):.2f}], {run[-1]['counts']['trajectories']:.0f} trajectories "
+                    f"(round {setting.rounds[-1]['round_s']:.0f}s)",
+                    flush=True,
+                )
         for setting in settings:
             setting.summary = summarize(setting.records)
         sweep_s = time.perf_counter() - sweep_start
     axes = [analyse(axis, points, policies) for axis, points in by_axis.items()]
     args.out.mkdir(parents=True, exist_ok=True)
     name, version = "scaling-quick" if args.quick else "scaling", code_version()
-    (args.out / f"{name}.json").write_text(json.dumps({
-        "command": " ".join(["benchmarks/scaling.py", *(argv or sys.argv[1:])]), "code": version, "run_s": time.perf_counter() - started, "sweep_s": sweep_s,
-        "steps": steps, "repeats": repeats, "base": QUICK_BASE if args.quick else BASE,
-        "parameters": {size: {"all": p.parameters, "matmul": p.matmul_parameters} for size, p in policies.items()},
-        "axes": axes, "settings": [{"size": s.size, "overrides": s.overrides, "rounds": s.rounds, "summary": s.summary, "steps": s.records} for s in settings],
-    }, indent=1))
+    (args.out / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["benchmarks/scaling.py", *(argv or sys.argv[1:])]),
+                "code": version,
+                "run_s": time.perf_counter() - started,
+                "sweep_s": sweep_s,
+                "steps": steps,
+                "repeats": repeats,
+                "base": QUICK_BASE if args.quick else BASE,
+                "parameters": {
+                    size: {"all": p.parameters, "matmul": p.matmul_parameters} for size, p in policies.items()
+                },
+                "axes": axes,
+                "settings": [
+                    {
+                        "size": s.size,
+                        "overrides": s.overrides,
+                        "rounds": s.rounds,
+                        "summary": s.summary,
+                        "steps": s.records,
+                    }
+                    for s in settings
+                ],
+            },
+            indent=1,
+        )
+    )
     text = version_line(version) + f" Sweep: {sweep_s / 60:.1f} min.\n\n" + markdown(axes)
     (args.out / f"{name}.md").write_text(text)
     plot(axes, args.out / f"{name}.png")

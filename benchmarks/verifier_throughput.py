@@ -50,18 +50,34 @@ def rate(fn, items, seconds: float) -> float:
 def answer_verifiers(seconds: float) -> dict[str, float]:
     rng = random.Random(0)
     ints = [(str(v + rng.choice([0, 0, 1])), {"answer": str(v)}) for v in (rng.randint(0, 10**6) for _ in range(1000))]
-    qa = [("the Eiffel Tower", {"answer": "Eiffel Tower", "aliases": ["La Tour Eiffel"]}), ("Paris", {"answer": "London"})] * 500
+    qa = [
+        ("the Eiffel Tower", {"answer": "Eiffel Tower", "aliases": ["La Tour Eiffel"]}),
+        ("Paris", {"answer": "London"}),
+    ] * 500
     symbolic = [("2*sqrt(2)", {"answer": "sqrt(8)"}), ("x+1", {"answer": "1+x"}), ("1/2", {"answer": "0.5"})] * 20
-    cases = {"numeric (integers)": ("numeric", ints), "math (integers)": ("math", ints), "math (symbolic)": ("math", symbolic),
-             "exact_match": ("exact_match", qa), "token_f1": ("token_f1", qa)}
-    return {label: rate(lambda p, t, n=name: run_verifier(n, p, t, {}), items, seconds) for label, (name, items) in cases.items()}
+    cases = {
+        "numeric (integers)": ("numeric", ints),
+        "math (integers)": ("math", ints),
+        "math (symbolic)": ("math", symbolic),
+        "exact_match": ("exact_match", qa),
+        "token_f1": ("token_f1", qa),
+    }
+    return {
+        label: rate(lambda p, t, n=name: run_verifier(n, p, t, {}), items, seconds)
+        for label, (name, items) in cases.items()
+    }
 
 
 def cascade_rates(seconds: float) -> dict[str, float]:
     rng = random.Random(1)
     task = {"task_id": "t", "family": "arithmetic", "answer": "18026"}
-    mix = [["<code>print(347*52-18)</code>", "<answer>18026</answer>"], ["<answer>18025</answer>"], ["<answer>1</answer><answer>2</answer>"],
-           ["no answer at all"], ["<answer> </answer>"]]
+    mix = [
+        ["<code>print(347*52-18)</code>", "<answer>18026</answer>"],
+        ["<answer>18025</answer>"],
+        ["<answer>1</answer><answer>2</answer>"],
+        ["no answer at all"],
+        ["<answer> </answer>"],
+    ]
     items = [(Candidate(rng.choice(mix), 20, ("code",)), task) for _ in range(1000)]
     cascade = Cascade(RewardConfig())
     per_second = rate(lambda batch: cascade.score_many(batch), [(items,)], seconds) * len(items)
@@ -72,7 +88,9 @@ def cascade_rates(seconds: float) -> dict[str, float]:
 def sandbox_rates(seconds: float) -> dict[str, float]:
     from verifiers.sandbox import BubblewrapSandbox, SandboxLimits
 
-    tests = json.dumps([{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(3)])
+    tests = json.dumps(
+        [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(3)]
+    )
     task = {"task_id": "c", "family": "code", "entry_point": "add", "tests": tests, "answer": ""}
     candidate = Candidate(["<answer>def add(a, b):\n    return a + b</answer>"], 20, ())
     with BubblewrapSandbox(SandboxLimits(), pool_size=2) as box:
@@ -90,33 +108,45 @@ def sandbox_rates(seconds: float) -> dict[str, float]:
         batch = [(candidate, task)] * 100
         scored = rate(lambda b: cascade.score_many(b), [(batch,)], seconds) * len(batch)
         assert all(r.outcome == 1.0 for r in cascade.score_many(batch[:4]))
-    return {"sandbox runs/min (trivial programs, 2 workers)": runs_per_min, "sandbox ms per call (one at a time)": per_call_ms,
-            "code verifications/min (3 unit tests, cascade, 2 workers)": scored * 60}
+    return {
+        "sandbox runs/min (trivial programs, 2 workers)": runs_per_min,
+        "sandbox ms per call (one at a time)": per_call_ms,
+        "code verifications/min (3 unit tests, cascade, 2 workers)": scored * 60,
+    }
 
 
 def measure(seconds: float) -> dict:
-    return {"answer verifiers (checks/s)": answer_verifiers(seconds), "cascade (per s)": cascade_rates(seconds),
-            "sandbox": sandbox_rates(seconds)}
+    return {
+        "answer verifiers (checks/s)": answer_verifiers(seconds),
+        "cascade (per s)": cascade_rates(seconds),
+        "sandbox": sandbox_rates(seconds),
+    }
 
 
 def _run_tree(root: Path, seconds: float) -> dict:
     """This script's measurements with `root`'s packages first on the path, in a fresh process."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = {**os.environ, "PYTHONPATH": str(root)}
-        subprocess.run([sys.executable, __file__, "--seconds", str(seconds), "--json", out.name, "--quiet"],
-                       cwd=root, env=env, check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--seconds", str(seconds), "--json", out.name, "--quiet"],
+            cwd=root,
+            env=env,
+            check=True,
+        )
         return json.loads(Path(out.name).read_text())
 
 
 def side_by_side(baseline: str, seconds: float, rounds: int) -> dict:
     """Median of `rounds` alternating runs on each tree, and this tree's ratio to the baseline."""
     here = Path(__file__).resolve().parents[1]
-    commit = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", baseline], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "--short", baseline], capture_output=True, text=True, check=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(base), commit], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(here), "worktree", "add", "--detach", str(base), commit], check=True, capture_output=True
+        )
         try:
             runs: dict[str, list[dict]] = {"baseline": [], "this": []}
             for i in range(rounds):
@@ -139,8 +169,12 @@ def side_by_side(baseline: str, seconds: float, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--json", type=Path, default=None,
-                        help="default benchmarks/results/verifier_throughput.json (-side-by-side.json with --baseline)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="default benchmarks/results/verifier_throughput.json (-side-by-side.json with --baseline)",
+    )
     parser.add_argument("--baseline", help="a commit to measure side by side with this tree")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -160,7 +194,9 @@ def main() -> None:
                     print(f"  {label:<58} {value:>12,.1f}")
         path = args.json or Path("benchmarks/results/verifier_throughput.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": platform.machine(), "python": platform.python_version(), **result}, indent=1))
+    path.write_text(
+        json.dumps({"machine": platform.machine(), "python": platform.python_version(), **result}, indent=1)
+    )
     if not args.quiet:
         print(f"wrote {path}")
 

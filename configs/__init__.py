@@ -64,7 +64,9 @@ def env_references(text: str) -> list[tuple[str, str | None]]:
 def _interpolate(node: Any, source: str, field: str = "") -> Any:
     """A copy of the profile tree with every `${VAR}` / `${VAR:-default}` in a string replaced."""
     if isinstance(node, dict):
-        return {key: _interpolate(value, source, f"{field}.{key}" if field else str(key)) for key, value in node.items()}
+        return {
+            key: _interpolate(value, source, f"{field}.{key}" if field else str(key)) for key, value in node.items()
+        }
     if isinstance(node, list):
         return [_interpolate(value, source, f"{field}[{i}]") for i, value in enumerate(node)]
     if not isinstance(node, str):
@@ -75,8 +77,10 @@ def _interpolate(node: Any, source: str, field: str = "") -> Any:
         value = os.environ.get(name)
         if value is None or (value == "" and default is not None):
             if default is None:
-                raise ConfigError(f"{source}: {field} reads environment variable {name}, which is not set "
-                                  f"(the cluster profile's variables are listed in docs/deploy.md)")
+                raise ConfigError(
+                    f"{source}: {field} reads environment variable {name}, which is not set "
+                    f"(the cluster profile's variables are listed in docs/deploy.md)"
+                )
             return default
         return value
 
@@ -124,4 +128,12 @@ def load_profile(name: str | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(_describe(exc, source)) from None
 
 
-__all__ = ["ConfigError", "FlywheelConfig", "available_profiles", "env_references", "flywheel_home", "load_profile", "parse_override"]
+__all__ = [
+    "ConfigError",
+    "FlywheelConfig",
+    "available_profiles",
+    "env_references",
+    "flywheel_home",
+    "load_profile",
+    "parse_override",
+]

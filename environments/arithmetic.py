@@ -53,7 +53,9 @@ def make_expression(level: int, rng: random.Random) -> str:
         return f"{_digits(rng, 2)}*{_digits(rng, 2)}"
     if level == 4:
         return f"{_digits(rng, 3)}*{_digits(rng, 2)}{rng.choice('+-')}{_digits(rng, 2)}"
-    raise ValueError(f"no bare expression at arithmetic level {level}; levels 1-4 have one, {WORD_LEVEL} is make_word_problem")
+    raise ValueError(
+        f"no bare expression at arithmetic level {level}; levels 1-4 have one, {WORD_LEVEL} is make_word_problem"
+    )
 
 
 def evaluate(expression: str) -> int:
@@ -97,8 +99,9 @@ def word_task_record(problem: WordProblem, split: str) -> dict:
         "prompt": problem.prompt,
         "answer": str(evaluate(problem.expression)),
         "split": split,
-        "metadata": json.dumps({"expression": problem.expression, "template": problem.template,
-                                "distractors": list(problem.distractors)}),
+        "metadata": json.dumps(
+            {"expression": problem.expression, "template": problem.template, "distractors": list(problem.distractors)}
+        ),
     }
 
 
@@ -119,8 +122,15 @@ def generate_tasks(
 ) -> list[dict]:
     """`n` distinct tasks not in `exclude_ids`. Raises if the space is too small to fill."""
     rng = random.Random(seed)
-    return draw_distinct_tasks(n, rng=rng, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids,
-                               make=lambda level: make_task(level, rng, split))
+    return draw_distinct_tasks(
+        n,
+        rng=rng,
+        split=split,
+        levels=levels,
+        level_weights=level_weights,
+        exclude_ids=exclude_ids,
+        make=lambda level: make_task(level, rng, split),
+    )
 
 
 # ---------------------------------------------------------------- level 5: word problems
@@ -129,8 +139,18 @@ def generate_tasks(
 # distractors never equal an operand, so "which numbers matter" is the whole reading task. No
 # sentence holds + - * / or parentheses: there is no expression to copy.
 
-PEOPLE = (("Mia", "she", "her"), ("Tom", "he", "his"), ("Ana", "she", "her"), ("Ben", "he", "his"), ("Zoe", "she", "her"),
-          ("Sam", "he", "his"), ("Lea", "she", "her"), ("Max", "he", "his"), ("Ivy", "she", "her"), ("Leo", "he", "his"))
+PEOPLE = (
+    ("Mia", "she", "her"),
+    ("Tom", "he", "his"),
+    ("Ana", "she", "her"),
+    ("Ben", "he", "his"),
+    ("Zoe", "she", "her"),
+    ("Sam", "he", "his"),
+    ("Lea", "she", "her"),
+    ("Max", "he", "his"),
+    ("Ivy", "she", "her"),
+    ("Leo", "he", "his"),
+)
 
 
 @dataclass(frozen=True)
@@ -158,76 +178,152 @@ class WordProblem:
 
 
 STORIES = (
-    Story("shop", ("The shop sells {a} boxes of {item} on Monday and {b} boxes on Tuesday.", "Each box holds {c} {item}."),
-          "How many {item} did the shop sell on the two days?", "({a}+{b})*{c}",
-          {"a": (12, 89), "b": (12, 89), "c": (12, 48)},
-          (("The shop has been open for {x} years.", 2, 60), ("The shop has {x} workers.", 2, 30)),
-          ("pens", "pencils", "cards", "nails", "beads", "eggs")),
-    Story("give", ("{name} has {a} {item}.", "{He} gives {b} {item} to each of {his} {c} friends."),
-          "How many {item} does {name} have left?", "{a}-{b}*{c}",
-          {"a": (300, 999), "b": (12, 49), "c": (3, 19)},
-          (("{name} is {x} years old.", 6, 15), ("{name} keeps the {item} in {x} boxes.", 2, 20)),
-          ("stickers", "stamps", "marbles", "shells", "coins")),
-    Story("tickets", ("{name} buys {a} adult tickets at {b} coins each and {c} child tickets at {d} coins each.",),
-          "How many coins does {name} pay in all?", "{a}*{b}+{c}*{d}",
-          {"a": (11, 40), "b": (12, 60), "c": (11, 40), "d": (5, 30)},
-          (("The show starts at {x} o'clock.", 2, 11), ("The hall has {x} doors.", 2, 20))),
-    Story("eggs", ("The farm packs {a} crates with {b} eggs in each crate.", "On the way to town {c} eggs break."),
-          "How many eggs are still whole?", "{a}*{b}-{c}",
-          {"a": (12, 99), "b": (12, 36), "c": (10, 99)},
-          (("The farm has {x} hens.", 20, 99), ("The trip to town takes {x} minutes.", 10, 90))),
-    Story("bakery", ("The bakery bakes {a} loaves of bread.", "At the end of the day {b} loaves are not sold.",
-                     "Each sold loaf costs {c} coins."),
-          "How many coins does the bakery get for its bread?", "({a}-{b})*{c}",
-          {"a": (60, 300), "b": (10, 59), "c": (12, 45)},
-          (("The bakery opens at {x} o'clock.", 5, 9), ("The bakery has {x} ovens.", 2, 12))),
-    Story("hotel", ("The hotel has {a} floors.", "Each floor has {b} rooms and each room has {c} {item}."),
-          "How many {item} are in the hotel?", "{a}*{b}*{c}",
-          {"a": (3, 19), "b": (11, 40), "c": (2, 9)},
-          (("The hotel is {x} years old.", 10, 99), ("The hotel has {x} cooks.", 2, 20)),
-          ("lamps", "chairs", "beds", "towels")),
-    Story("reading", ("{name} reads {b} pages every day for {a} days.", "Then {he} reads {c} more pages."),
-          "How many pages does {name} read in all?", "{a}*{b}+{c}",
-          {"a": (12, 60), "b": (12, 60), "c": (10, 99)},
-          (("The book costs {x} coins.", 5, 40), ("{name} is {x} years old.", 8, 16))),
-    Story("apples", ("The store gets {a} boxes with {b} apples in each box.", "The store sells {c} bags with {d} apples in each bag."),
-          "How many apples does the store have left?", "{a}*{b}-{c}*{d}",
-          {"a": (12, 40), "b": (12, 40), "c": (11, 30), "d": (3, 40)},
-          (("The store has {x} workers.", 2, 30), ("The store is open {x} hours a day.", 6, 14))),
-    Story("school", ("The school has three classes with {a}, {b} and {c} students.", "Each student gets {d} {item}."),
-          "How many {item} does the school give out?", "({a}+{b}+{c})*{d}",
-          {"a": (15, 40), "b": (15, 40), "c": (15, 40), "d": (3, 24)},
-          (("The school has {x} teachers.", 5, 30), ("The school was built {x} years ago.", 10, 99)),
-          ("pencils", "books", "apples", "cards")),
-    Story("workers", ("Each of the {a} workers on the farm earns {b} coins a day.", "Each worker spends {c} coins a day on lunch."),
-          "How many coins do the workers save in one day?", "{a}*({b}-{c})",
-          {"a": (12, 60), "b": (40, 99), "c": (10, 39)},
-          (("The farm has {x} cows.", 10, 99), ("The workers start at {x} o'clock.", 5, 9))),
-    Story("boat", ("A group of {a} adults and {b} kids goes on a boat trip.", "Each ticket costs {c} coins.",
-                   "The group gets {d} coins off with a coupon."),
-          "How many coins does the group pay?", "({a}+{b})*{c}-{d}",
-          {"a": (11, 40), "b": (11, 40), "c": (12, 45), "d": (10, 99)},
-          (("The boat is {x} meters long.", 10, 60), ("The trip takes {x} hours.", 2, 9))),
-    Story("library", ("The library has {a} books.", "The library gets {b} boxes of new books with {c} books in each box."),
-          "How many books does the library have now?", "{a}+{b}*{c}",
-          {"a": (100, 999), "b": (12, 40), "c": (12, 40)},
-          (("The library has {x} tables.", 5, 40), ("The library opened {x} years ago.", 10, 99))),
-    Story("hall", ("The hall has {a} rows of {b} seats.", "In the hall {c} seats are broken and {d} seats are kept for the band."),
-          "How many seats are free?", "{a}*{b}-{c}-{d}",
-          {"a": (12, 40), "b": (12, 40), "c": (10, 60), "d": (10, 60)},
-          (("The show lasts {x} minutes.", 30, 99), ("A ticket costs {x} coins.", 5, 40))),
-    Story("garden", ("{name} has a garden with {a} rows of flowers.", "Each row has {b} red flowers and {c} white flowers."),
-          "How many flowers are in the garden?", "{a}*({b}+{c})",
-          {"a": (12, 60), "b": (11, 40), "c": (11, 40)},
-          (("The garden is {x} meters wide.", 5, 50), ("{name} waters the garden {x} times a week.", 2, 7))),
-    Story("planting", ("{name} plants {a} rows of {b} carrots.", "{He} also plants {c} rows of {d} beans."),
-          "How many plants does {name} plant in all?", "{a}*{b}+{c}*{d}",
-          {"a": (11, 40), "b": (12, 50), "c": (11, 40), "d": (12, 50)},
-          (("{name} has {x} hens.", 3, 30), ("{name} works on the farm {x} hours a day.", 5, 12))),
-    Story("saving", ("{name} saves {b} coins every week for {a} weeks.", "Then {he} buys a bike for {c} coins."),
-          "How many coins does {name} have left?", "{a}*{b}-{c}",
-          {"a": (12, 52), "b": (12, 60), "c": (100, 999)},
-          (("The bike has {x} gears.", 3, 21), ("{name} is {x} years old.", 8, 16))),
+    Story(
+        "shop",
+        ("The shop sells {a} boxes of {item} on Monday and {b} boxes on Tuesday.", "Each box holds {c} {item}."),
+        "How many {item} did the shop sell on the two days?",
+        "({a}+{b})*{c}",
+        {"a": (12, 89), "b": (12, 89), "c": (12, 48)},
+        (("The shop has been open for {x} years.", 2, 60), ("The shop has {x} workers.", 2, 30)),
+        ("pens", "pencils", "cards", "nails", "beads", "eggs"),
+    ),
+    Story(
+        "give",
+        ("{name} has {a} {item}.", "{He} gives {b} {item} to each of {his} {c} friends."),
+        "How many {item} does {name} have left?",
+        "{a}-{b}*{c}",
+        {"a": (300, 999), "b": (12, 49), "c": (3, 19)},
+        (("{name} is {x} years old.", 6, 15), ("{name} keeps the {item} in {x} boxes.", 2, 20)),
+        ("stickers", "stamps", "marbles", "shells", "coins"),
+    ),
+    Story(
+        "tickets",
+        ("{name} buys {a} adult tickets at {b} coins each and {c} child tickets at {d} coins each.",),
+        "How many coins does {name} pay in all?",
+        "{a}*{b}+{c}*{d}",
+        {"a": (11, 40), "b": (12, 60), "c": (11, 40), "d": (5, 30)},
+        (("The show starts at {x} o'clock.", 2, 11), ("The hall has {x} doors.", 2, 20)),
+    ),
+    Story(
+        "eggs",
+        ("The farm packs {a} crates with {b} eggs in each crate.", "On the way to town {c} eggs break."),
+        "How many eggs are still whole?",
+        "{a}*{b}-{c}",
+        {"a": (12, 99), "b": (12, 36), "c": (10, 99)},
+        (("The farm has {x} hens.", 20, 99), ("The trip to town takes {x} minutes.", 10, 90)),
+    ),
+    Story(
+        "bakery",
+        (
+            "The bakery bakes {a} loaves of bread.",
+            "At the end of the day {b} loaves are not sold.",
+            "Each sold loaf costs {c} coins.",
+        ),
+        "How many coins does the bakery get for its bread?",
+        "({a}-{b})*{c}",
+        {"a": (60, 300), "b": (10, 59), "c": (12, 45)},
+        (("The bakery opens at {x} o'clock.", 5, 9), ("The bakery has {x} ovens.", 2, 12)),
+    ),
+    Story(
+        "hotel",
+        ("The hotel has {a} floors.", "Each floor has {b} rooms and each room has {c} {item}."),
+        "How many {item} are in the hotel?",
+        "{a}*{b}*{c}",
+        {"a": (3, 19), "b": (11, 40), "c": (2, 9)},
+        (("The hotel is {x} years old.", 10, 99), ("The hotel has {x} cooks.", 2, 20)),
+        ("lamps", "chairs", "beds", "towels"),
+    ),
+    Story(
+        "reading",
+        ("{name} reads {b} pages every day for {a} days.", "Then {he} reads {c} more pages."),
+        "How many pages does {name} read in all?",
+        "{a}*{b}+{c}",
+        {"a": (12, 60), "b": (12, 60), "c": (10, 99)},
+        (("The book costs {x} coins.", 5, 40), ("{name} is {x} years old.", 8, 16)),
+    ),
+    Story(
+        "apples",
+        (
+            "The store gets {a} boxes with {b} apples in each box.",
+            "The store sells {c} bags with {d} apples in each bag.",
+        ),
+        "How many apples does the store have left?",
+        "{a}*{b}-{c}*{d}",
+        {"a": (12, 40), "b": (12, 40), "c": (11, 30), "d": (3, 40)},
+        (("The store has {x} workers.", 2, 30), ("The store is open {x} hours a day.", 6, 14)),
+    ),
+    Story(
+        "school",
+        ("The school has three classes with {a}, {b} and {c} students.", "Each student gets {d} {item}."),
+        "How many {item} does the school give out?",
+        "({a}+{b}+{c})*{d}",
+        {"a": (15, 40), "b": (15, 40), "c": (15, 40), "d": (3, 24)},
+        (("The school has {x} teachers.", 5, 30), ("The school was built {x} years ago.", 10, 99)),
+        ("pencils", "books", "apples", "cards"),
+    ),
+    Story(
+        "workers",
+        ("Each of the {a} workers on the farm earns {b} coins a day.", "Each worker spends {c} coins a day on lunch."),
+        "How many coins do the workers save in one day?",
+        "{a}*({b}-{c})",
+        {"a": (12, 60), "b": (40, 99), "c": (10, 39)},
+        (("The farm has {x} cows.", 10, 99), ("The workers start at {x} o'clock.", 5, 9)),
+    ),
+    Story(
+        "boat",
+        (
+            "A group of {a} adults and {b} kids goes on a boat trip.",
+            "Each ticket costs {c} coins.",
+            "The group gets {d} coins off with a coupon.",
+        ),
+        "How many coins does the group pay?",
+        "({a}+{b})*{c}-{d}",
+        {"a": (11, 40), "b": (11, 40), "c": (12, 45), "d": (10, 99)},
+        (("The boat is {x} meters long.", 10, 60), ("The trip takes {x} hours.", 2, 9)),
+    ),
+    Story(
+        "library",
+        ("The library has {a} books.", "The library gets {b} boxes of new books with {c} books in each box."),
+        "How many books does the library have now?",
+        "{a}+{b}*{c}",
+        {"a": (100, 999), "b": (12, 40), "c": (12, 40)},
+        (("The library has {x} tables.", 5, 40), ("The library opened {x} years ago.", 10, 99)),
+    ),
+    Story(
+        "hall",
+        (
+            "The hall has {a} rows of {b} seats.",
+            "In the hall {c} seats are broken and {d} seats are kept for the band.",
+        ),
+        "How many seats are free?",
+        "{a}*{b}-{c}-{d}",
+        {"a": (12, 40), "b": (12, 40), "c": (10, 60), "d": (10, 60)},
+        (("The show lasts {x} minutes.", 30, 99), ("A ticket costs {x} coins.", 5, 40)),
+    ),
+    Story(
+        "garden",
+        ("{name} has a garden with {a} rows of flowers.", "Each row has {b} red flowers and {c} white flowers."),
+        "How many flowers are in the garden?",
+        "{a}*({b}+{c})",
+        {"a": (12, 60), "b": (11, 40), "c": (11, 40)},
+        (("The garden is {x} meters wide.", 5, 50), ("{name} waters the garden {x} times a week.", 2, 7)),
+    ),
+    Story(
+        "planting",
+        ("{name} plants {a} rows of {b} carrots.", "{He} also plants {c} rows of {d} beans."),
+        "How many plants does {name} plant in all?",
+        "{a}*{b}+{c}*{d}",
+        {"a": (11, 40), "b": (12, 50), "c": (11, 40), "d": (12, 50)},
+        (("{name} has {x} hens.", 3, 30), ("{name} works on the farm {x} hours a day.", 5, 12)),
+    ),
+    Story(
+        "saving",
+        ("{name} saves {b} coins every week for {a} weeks.", "Then {he} buys a bike for {c} coins."),
+        "How many coins does {name} have left?",
+        "{a}*{b}-{c}",
+        {"a": (12, 52), "b": (12, 60), "c": (100, 999)},
+        (("The bike has {x} gears.", 3, 21), ("{name} is {x} years old.", 8, 16)),
+    ),
 )
 
 
@@ -252,7 +348,9 @@ def make_word_problem(rng: random.Random) -> WordProblem:
         values.append(x)
         sentences.insert(rng.randint(0, len(sentences)), text.format(**slots, x=x))
     # ends like every arithmetic prompt (a newline), so a scratch model's prompt/completion split is the same
-    return WordProblem(" ".join([*sentences, story.question.format(**slots)]) + "\n", expression, story.name, tuple(values))
+    return WordProblem(
+        " ".join([*sentences, story.question.format(**slots)]) + "\n", expression, story.name, tuple(values)
+    )
 
 
 # ---------------------------------------------------------------- teacher
@@ -281,7 +379,9 @@ def demonstrate(task: dict, *, rng: random.Random, p_direct: float, hard_levels:
     return Demonstration(task["task_id"], "direct", (), str(gold), True)
 
 
-def demonstrations(tasks: list[dict], n: int, *, seed: int, p_direct: float, hard_levels: Iterable[int]) -> Iterator[Demonstration]:
+def demonstrations(
+    tasks: list[dict], n: int, *, seed: int, p_direct: float, hard_levels: Iterable[int]
+) -> Iterator[Demonstration]:
     rng = random.Random(seed)
     hard = tuple(hard_levels)
     for i in range(n):
@@ -312,7 +412,9 @@ class Arithmetic(TaskFamily):
     teacher_params = ArithmeticTeacher
 
     def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
-        return generate_tasks(n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
+        return generate_tasks(
+            n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids
+        )
 
     def demonstrations(self, tasks, n, *, seed, teacher, kb):
         return demonstrations(tasks, n, seed=seed, p_direct=teacher.p_direct, hard_levels=teacher.hard_levels)

@@ -17,6 +17,19 @@ TASK_COLUMNS = ("task_id", "family", "level", "prompt", "answer", "split", "meta
 
 
 @dataclass(frozen=True)
+class KnowledgeBase:
+    """The documents the search tool reads: generated (environments.search) or a user's corpus
+    (environments.corpus). Every family's teacher and detours receive it (None without search)."""
+
+    entities: dict[str, str]  # name -> type, one of environments.search.TYPES
+    relations: dict[tuple[str, str], str]  # (subject, relation) -> object
+    documents: list[dict]  # {"doc_id", "title", "text"}, one per person, company and city, in entity order
+
+    def of_type(self, kind: str) -> list[str]:
+        return [name for name, t in self.entities.items() if t == kind]
+
+
+@dataclass(frozen=True)
 class Step:
     tool: str  # a name in verifiers.protocol.TOOL_TAGS
     args: str  # the text between the tool's tags
@@ -40,8 +53,17 @@ def task_view(task: dict) -> dict:
     return {**extra, **task}
 
 
-def draw_distinct_tasks(n: int, *, rng: random.Random, split: str, levels: Iterable[int], level_weights: Iterable[float] | None,
-                        exclude_ids: frozenset[str], make: Callable[[int], dict], tries_per_level: int = 1) -> list[dict]:
+def draw_distinct_tasks(
+    n: int,
+    *,
+    rng: random.Random,
+    split: str,
+    levels: Iterable[int],
+    level_weights: Iterable[float] | None,
+    exclude_ids: frozenset[str],
+    make: Callable[[int], dict],
+    tries_per_level: int = 1,
+) -> list[dict]:
     """`n` distinct task rows not in `exclude_ids`: draw a level by weight, then `make(level)` a
     candidate (retrying up to `tries_per_level` times within the level, so a level keeps its
     weight until its space runs out). Raises if the space is too small to fill."""
@@ -54,7 +76,9 @@ def draw_distinct_tasks(n: int, *, rng: random.Random, split: str, levels: Itera
         for _ in range(tries_per_level):
             attempts += 1
             if attempts > 50 * n + 1000:
-                raise ValueError(f"could only generate {len(tasks)} distinct {split} tasks of {n} requested at levels {levels}")
+                raise ValueError(
+                    f"could only generate {len(tasks)} distinct {split} tasks of {n} requested at levels {levels}"
+                )
             record = make(level)
             if record["task_id"] not in exclude_ids and record["task_id"] not in tasks:
                 tasks[record["task_id"]] = record

@@ -49,8 +49,11 @@ OPS = {"+": "plus", "-": "minus", "*": "times"}
 OP_PAIRS = [(a, b) for a in OPS for b in OPS if b != "*" or a == "*"]
 CONDITIONS = {"even": "x%2==0", "odd": "x%2==1", "above": "x>{k}", "below": "x<{k}"}
 AGGREGATES = {"sum": "sum(xs)", "max": "max(xs)", "min": "min(xs)", "length": "len(xs)"}
-FILTERS = {"count": "len([x for x in xs if x{c}{k}])", "sum": "sum([x for x in xs if x{c}{k}])",
-           "list": "[x for x in xs if x{c}{k}]"}
+FILTERS = {
+    "count": "len([x for x in xs if x{c}{k}])",
+    "sum": "sum([x for x in xs if x{c}{k}])",
+    "list": "[x for x in xs if x{c}{k}]",
+}
 SCALARS, LIST_VALUES, LIST_LENGTHS = range(0, 31), range(0, 100), (3, 4, 5)
 MAX_TRIES_PER_LEVEL = 20
 _SAFE_BUILTINS = {"sum": sum, "len": len, "max": max, "min": min}
@@ -130,8 +133,11 @@ def draw_inputs(arg: str, body: str, rng: random.Random) -> tuple[list, list]:
             k = int(boundary.group(1))
             visible[0] = k if arg == "x" else visible[0] + [k]
         held_out = [_draw_input(arg, rng) for _ in range(N_HELD_OUT)]
-        if (len({repr(v) for v in visible + held_out}) == N_VISIBLE + N_HELD_OUT
-                and _informative(fn, visible, body) and _informative(fn, held_out, body)):
+        if (
+            len({repr(v) for v in visible + held_out}) == N_VISIBLE + N_HELD_OUT
+            and _informative(fn, visible, body)
+            and _informative(fn, held_out, body)
+        ):
             return visible, held_out
     raise ValueError(f"no informative test inputs for {body!r}")
 
@@ -149,10 +155,20 @@ def task_record(arg: str, description: str, body: str, level: int, split: str) -
     prompt = prompt_for(arg, description)
     source, seed = solution_for(arg, body), int(hashlib.sha1(prompt.encode()).hexdigest()[:16], 16)
     fn, (visible, held_out) = compile_solution(source), draw_inputs(arg, body, random.Random(seed))
-    tests = [{"name": f"{group}_{i}", "code": f"assert {ENTRY_POINT}({v!r}) == {fn(v)!r}", "group": group}
-             for group, values in (("fail_to_pass", visible), ("held_out", held_out)) for i, v in enumerate(values)]
-    record = {"task_id": task_id_for(prompt), "family": FAMILY, "level": level, "prompt": prompt, "answer": source,
-              "split": split, "metadata": json.dumps({"entry_point": ENTRY_POINT, "tests": tests})}
+    tests = [
+        {"name": f"{group}_{i}", "code": f"assert {ENTRY_POINT}({v!r}) == {fn(v)!r}", "group": group}
+        for group, values in (("fail_to_pass", visible), ("held_out", held_out))
+        for i, v in enumerate(values)
+    ]
+    record = {
+        "task_id": task_id_for(prompt),
+        "family": FAMILY,
+        "level": level,
+        "prompt": prompt,
+        "answer": source,
+        "split": split,
+        "metadata": json.dumps({"entry_point": ENTRY_POINT, "tests": tests}),
+    }
     return {column: record[column] for column in TASK_COLUMNS}
 
 
@@ -173,8 +189,16 @@ def generate_tasks(
         arg, description, body = make_spec(level, rng)
         return task_record(arg, description, body, level, split)
 
-    return draw_distinct_tasks(n, rng=rng, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids,
-                               make=make, tries_per_level=MAX_TRIES_PER_LEVEL)
+    return draw_distinct_tasks(
+        n,
+        rng=rng,
+        split=split,
+        levels=levels,
+        level_weights=level_weights,
+        exclude_ids=exclude_ids,
+        make=make,
+        tries_per_level=MAX_TRIES_PER_LEVEL,
+    )
 
 
 # ---------------------------------------------------------------- teacher
@@ -184,8 +208,11 @@ def visible_cases(task: dict) -> list[tuple[object, object]]:
     """(input, expected) of the fail_to_pass tests, read back from their asserts."""
     tests = json.loads(task["metadata"])["tests"]
     pattern = re.compile(rf"assert {ENTRY_POINT}\((.*)\) == (.*)")
-    return [tuple(ast.literal_eval(part) for part in pattern.fullmatch(t["code"]).groups())
-            for t in tests if t["group"] == "fail_to_pass"]
+    return [
+        tuple(ast.literal_eval(part) for part in pattern.fullmatch(t["code"]).groups())
+        for t in tests
+        if t["group"] == "fail_to_pass"
+    ]
 
 
 def near_misses(task: dict) -> list[str]:
@@ -193,10 +220,16 @@ def near_misses(task: dict) -> list[str]:
     one, `>`/`<` made inclusive, or even and odd swapped."""
     source, cases = task["answer"], visible_cases(task)
     header, body = source.split("return ", 1)
-    variants = [body[:m.start()] + str(int(m.group()) + d) + body[m.end():]
-                for m in re.finditer(r"(?<=[-+*<>])\d+", body) for d in (-1, 1)]
-    variants += [body.replace(a, b, 1) for a, b in ((">", ">="), ("<", "<="), ("%2==0", "%2==1"), ("%2==1", "%2==0"))
-                 if a in body]
+    variants = [
+        body[: m.start()] + str(int(m.group()) + d) + body[m.end() :]
+        for m in re.finditer(r"(?<=[-+*<>])\d+", body)
+        for d in (-1, 1)
+    ]
+    variants += [
+        body.replace(a, b, 1)
+        for a, b in ((">", ">="), ("<", "<="), ("%2==0", "%2==1"), ("%2==1", "%2==0"))
+        if a in body
+    ]
     wrong = []
     for variant in dict.fromkeys(variants):
         fn = compile_solution(header + "return " + variant)
@@ -220,7 +253,9 @@ def demonstrate(task: dict, *, rng: random.Random, p_direct: float, hard_levels:
     return Demonstration(task["task_id"], "direct", (), source, True)
 
 
-def demonstrations(tasks: list[dict], n: int, *, seed: int, p_direct: float, hard_levels: Iterable[int]) -> Iterator[Demonstration]:
+def demonstrations(
+    tasks: list[dict], n: int, *, seed: int, p_direct: float, hard_levels: Iterable[int]
+) -> Iterator[Demonstration]:
     rng = random.Random(seed)
     hard = tuple(hard_levels)
     for i in range(n):
@@ -244,7 +279,9 @@ class Code(TaskFamily):
     teacher_params = CodeTeacher
 
     def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
-        return generate_tasks(n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
+        return generate_tasks(
+            n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids
+        )
 
     def demonstrations(self, tasks, n, *, seed, teacher, kb):
         return demonstrations(tasks, n, seed=seed, p_direct=teacher.p_direct, hard_levels=teacher.hard_levels)
@@ -258,7 +295,11 @@ class Code(TaskFamily):
         if wrong:
             return (Step("code", f"{rng.choice(wrong)}\nprint({ENTRY_POINT}({example!r}))", trained=False),)
         other = [4, 5, 6] if isinstance(example, list) else 7
-        return (Step("code", f"{task['answer']}\nprint({ENTRY_POINT}({other!r}))", trained=False),) if kind == "alternatives" else ()
+        return (
+            (Step("code", f"{task['answer']}\nprint({ENTRY_POINT}({other!r}))", trained=False),)
+            if kind == "alternatives"
+            else ()
+        )
 
     def tokenizer_texts(self, task):
         answer = str(task["answer"])

@@ -55,13 +55,23 @@ def overlaps(benchmark: Iterable[dict], training: Iterable[dict], *, ngram: int 
         if bid in by_id:
             found.append({"benchmark_id": bid, "training_id": bid, "how": "same id"})
         elif normalize_prompt(prompt) in by_text:
-            found.append({"benchmark_id": bid, "training_id": by_text[normalize_prompt(prompt)], "how": "same normalized prompt"})
+            found.append(
+                {"benchmark_id": bid, "training_id": by_text[normalize_prompt(prompt)], "how": "same normalized prompt"}
+            )
         elif _long(prompt, ngram):
             wanted = _numbers(prompt)
             sharing = {i for gram in word_ngrams(prompt, ngram) for i in by_gram.get(gram, ())}
-            shared = min((i for i in sharing if _in_order(wanted, numbers[i])), default=None)  # the first in training order
+            shared = min(
+                (i for i in sharing if _in_order(wanted, numbers[i])), default=None
+            )  # the first in training order
             if shared is not None:
-                found.append({"benchmark_id": bid, "training_id": str(training[shared]["task_id"]), "how": f"shared {ngram}-word run"})
+                found.append(
+                    {
+                        "benchmark_id": bid,
+                        "training_id": str(training[shared]["task_id"]),
+                        "how": f"shared {ngram}-word run",
+                    }
+                )
     return found
 
 

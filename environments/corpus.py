@@ -48,7 +48,9 @@ def _document(row: dict) -> tuple[dict | None, list[str]]:
     if not isinstance(text, str) or not text.strip():
         problems.append(f"row {number}: field 'text': expected non-empty text, got {text!r:.60}")
     elif len(text) > MAX_TEXT_CHARS:
-        problems.append(f"row {number}: field 'text': {len(text)} characters > {MAX_TEXT_CHARS} (split long documents into passages)")
+        problems.append(
+            f"row {number}: field 'text': {len(text)} characters > {MAX_TEXT_CHARS} (split long documents into passages)"
+        )
     if problems:
         return None, problems
     return {"doc_id": str(doc_id), "title": title.strip(), "text": " ".join(text.split())}, []
@@ -62,7 +64,9 @@ def load_corpus(path: str) -> list[dict]:
         if bad:
             problems += bad
         elif document["doc_id"] in seen:
-            problems.append(f"row {row['_row']}: field 'id': {document['doc_id']!r} repeats row {seen[document['doc_id']]}")
+            problems.append(
+                f"row {row['_row']}: field 'id': {document['doc_id']!r} repeats row {seen[document['doc_id']]}"
+            )
         else:
             seen[document["doc_id"]] = row["_row"]
             documents.append(document)
@@ -75,5 +79,14 @@ def load_corpus(path: str) -> list[dict]:
 
 def corpus_kb_rows(documents: list[dict]) -> list[dict]:
     """The knowledge_base asset's rows for a corpus: one entity per document, no relations."""
-    return [{"name": d["doc_id"], "type": DOCUMENT_TYPE, "relations": json.dumps({}), "doc_id": d["doc_id"], "title": d["title"],
-             "text": d["text"]} for d in documents]
+    return [
+        {
+            "name": d["doc_id"],
+            "type": DOCUMENT_TYPE,
+            "relations": json.dumps({}),
+            "doc_id": d["doc_id"],
+            "title": d["title"],
+            "text": d["text"],
+        }
+        for d in documents
+    ]

@@ -1,10 +1,10 @@
 """What every family's data goes through, family by family via the registry (environments/family.py).
 
-    arithmetic  compute an expression; tool: the code interpreter          verifier: math
-    search      multi-hop questions over a generated knowledge base;     verifier: exact_match
-                tool: BM25 search
-    code        write a function from a short spec; hidden unit tests;   verifier: unit_tests
-                tool: the code interpreter (to try it first)
+arithmetic  compute an expression; tool: the code interpreter          verifier: math
+search      multi-hop questions over a generated knowledge base;     verifier: exact_match
+            tool: BM25 search
+code        write a function from a short spec; hidden unit tests;   verifier: unit_tests
+            tool: the code interpreter (to try it first)
 """
 
 from __future__ import annotations
@@ -15,40 +15,71 @@ from dataclasses import replace
 
 from configs.schema import KnowledgeBaseConfig, TeacherConfig
 from environments import search
-from environments.base import Demonstration
+from environments.base import Demonstration, KnowledgeBase
 from environments.family import get_family
 from environments.retrieval import Retriever
-from environments.search import KnowledgeBase, SearchTool
+from environments.search import SearchTool
 from environments.tools import CodeInterpreter, Tool, toolbox
 
 
 def make_kb(cfg: KnowledgeBaseConfig, seed: int) -> KnowledgeBase:
-    return search.generate_kb(seed, n_people=cfg.people, n_companies=cfg.companies, n_cities=cfg.cities, n_countries=cfg.countries)
+    return search.generate_kb(
+        seed, n_people=cfg.people, n_companies=cfg.companies, n_cities=cfg.cities, n_countries=cfg.countries
+    )
 
 
-def generate_tasks(family: str, n: int, *, seed: int, split: str, levels=None, level_weights=None,
-                   exclude_ids: frozenset[str] = frozenset(), kb: KnowledgeBase | None = None) -> list[dict]:
+def generate_tasks(
+    family: str,
+    n: int,
+    *,
+    seed: int,
+    split: str,
+    levels=None,
+    level_weights=None,
+    exclude_ids: frozenset[str] = frozenset(),
+    kb: KnowledgeBase | None = None,
+) -> list[dict]:
     fam = get_family(family)
-    return fam.generate_tasks(n, seed=seed, split=split, levels=tuple(levels) if levels else fam.all_default_levels(),
-                              level_weights=level_weights, exclude_ids=exclude_ids, kb=kb)
+    return fam.generate_tasks(
+        n,
+        seed=seed,
+        split=split,
+        levels=tuple(levels) if levels else fam.all_default_levels(),
+        level_weights=level_weights,
+        exclude_ids=exclude_ids,
+        kb=kb,
+    )
 
 
-def demonstrations(family: str, tasks: list[dict], n: int, *, seed: int, teacher: TeacherConfig,
-                   kb: KnowledgeBase | None = None) -> Iterator[Demonstration]:
+def demonstrations(
+    family: str, tasks: list[dict], n: int, *, seed: int, teacher: TeacherConfig, kb: KnowledgeBase | None = None
+) -> Iterator[Demonstration]:
     fam = get_family(family)
     return fam.demonstrations(tasks, n, seed=seed, teacher=fam.teacher(teacher), kb=kb)
 
 
-def with_detours(family: str, demos: list[Demonstration], tasks: dict[str, dict], teacher: TeacherConfig, *, seed: int,
-                 kb: KnowledgeBase | None) -> list[Demonstration]:
+def with_detours(
+    family: str,
+    demos: list[Demonstration],
+    tasks: dict[str, dict],
+    teacher: TeacherConfig,
+    *,
+    seed: int,
+    kb: KnowledgeBase | None,
+) -> list[Demonstration]:
     """Turn `negative_fraction` / `alternatives_fraction` of the expert demonstrations (right, with
     tool steps) into detoured ones; the strategy name records which (e.g. "search+negative")."""
     rng = random.Random(seed)
     out = []
     for demo in demos:
         draw = rng.random()
-        kind = "negative" if draw < teacher.negative_fraction else \
-            "alternatives" if draw < teacher.negative_fraction + teacher.alternatives_fraction else None
+        kind = (
+            "negative"
+            if draw < teacher.negative_fraction
+            else "alternatives"
+            if draw < teacher.negative_fraction + teacher.alternatives_fraction
+            else None
+        )
         if kind is None or not (demo.correct and demo.steps):
             out.append(demo)
             continue
@@ -72,11 +103,12 @@ def mixture_counts(teacher: TeacherConfig, task_counts: Mapping[str, int]) -> di
     return counts
 
 
-def build_tools(*, sandbox, kb: KnowledgeBase | None, top_k: int = 1, retriever: Retriever | None = None) -> dict[str, Tool]:
+def build_tools(
+    *, sandbox, kb: KnowledgeBase | None, top_k: int = 1, retriever: Retriever | None = None
+) -> dict[str, Tool]:
     """The interpreter, and search over the knowledge base's documents (with `retriever`, the
     `search_index` asset's, when given; else an index built here)."""
     tools: list[Tool] = [CodeInterpreter(sandbox)]
     if kb is not None:
         tools.append(SearchTool(kb.documents, top_k=top_k, retriever=retriever))
     return toolbox(*tools)
-

@@ -28,17 +28,14 @@ import abc
 import importlib
 import random
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ValidationError
 
 from configs import ConfigError
 from configs.registry import Registry
 from configs.schema import FlywheelConfig, TeacherConfig, VerifierSpec
-from environments.base import Demonstration, Step
-
-if TYPE_CHECKING:
-    from environments.search import KnowledgeBase
+from environments.base import Demonstration, KnowledgeBase, Step
 
 FAMILIES = Registry("task family")
 
@@ -53,19 +50,32 @@ class TaskFamily(abc.ABC):
     name: ClassVar[str]
     levels: ClassVar[tuple[int, ...]]  # every level that exists
     default_levels: ClassVar[tuple[int, ...] | None] = None  # generated when a profile names none (None: all)
-    file_levels: ClassVar[tuple[int, ...]] = ()  # levels only files provide (code's HumanEval/MBPP problems): never generated
+    file_levels: ClassVar[
+        tuple[int, ...]
+    ] = ()  # levels only files provide (code's HumanEval/MBPP problems): never generated
     tools: ClassVar[tuple[str, ...]]  # names in verifiers.protocol.TOOL_TAGS; the tool-use term penalizes others
     default_verifier: ClassVar[VerifierSpec]  # the outcome verifier when reward.verifiers names none
     teacher_params: ClassVar[type[BaseModel]] = NoTeacherParams  # teacher.<name> in the profile
     needs_kb: ClassVar[bool] = False  # its tasks and teacher read the knowledge base
 
     @abc.abstractmethod
-    def generate_tasks(self, n: int, *, seed: int, split: str, levels: tuple[int, ...], level_weights, exclude_ids: frozenset[str],
-                       kb: KnowledgeBase | None) -> list[dict]:
+    def generate_tasks(
+        self,
+        n: int,
+        *,
+        seed: int,
+        split: str,
+        levels: tuple[int, ...],
+        level_weights,
+        exclude_ids: frozenset[str],
+        kb: KnowledgeBase | None,
+    ) -> list[dict]:
         """`n` distinct task rows (environments.base.TASK_COLUMNS) not in `exclude_ids`."""
 
     @abc.abstractmethod
-    def demonstrations(self, tasks: list[dict], n: int, *, seed: int, teacher: BaseModel, kb: KnowledgeBase | None) -> Iterator[Demonstration]:
+    def demonstrations(
+        self, tasks: list[dict], n: int, *, seed: int, teacher: BaseModel, kb: KnowledgeBase | None
+    ) -> Iterator[Demonstration]:
         """`n` teacher demonstrations over `tasks` (`teacher` is a `teacher_params` instance)."""
 
     @abc.abstractmethod
@@ -111,23 +121,33 @@ def _import_modules(cfg: FlywheelConfig) -> None:
         try:
             importlib.import_module(fam.module)
         except Exception as exc:  # noqa: BLE001 — any failure to import is this field's problem
-            raise ConfigError(f"data.families.{name}.module: cannot import {fam.module!r} ({type(exc).__name__}: {exc})") from exc
+            raise ConfigError(
+                f"data.families.{name}.module: cannot import {fam.module!r} ({type(exc).__name__}: {exc})"
+            ) from exc
         if name not in FAMILIES:
-            raise ConfigError(f"data.families.{name}.module: {fam.module!r} registers no task family named {name!r}; "
-                              f"registered: {', '.join(FAMILIES.names())}")
+            raise ConfigError(
+                f"data.families.{name}.module: {fam.module!r} registers no task family named {name!r}; "
+                f"registered: {', '.join(FAMILIES.names())}"
+            )
 
 
 def resolve_families(cfg: FlywheelConfig) -> FlywheelConfig:
     """The config with its family names checked and reward.verifiers completed (module doc)."""
     _import_modules(cfg)
     known = ", ".join(FAMILIES.names())
-    used = [(f"data.families.{n}", n) for n in cfg.data.families] + [(f"teacher.mixture.{n}", n) for n in (cfg.teacher.mixture or {})] \
-        + [(f"reward.verifiers.{n}", n) for n in cfg.reward.verifiers] + [(f"reward.strict.verifiers.{n}", n) for n in cfg.reward.strict.verifiers] \
+    used = (
+        [(f"data.families.{n}", n) for n in cfg.data.families]
+        + [(f"teacher.mixture.{n}", n) for n in (cfg.teacher.mixture or {})]
+        + [(f"reward.verifiers.{n}", n) for n in cfg.reward.verifiers]
+        + [(f"reward.strict.verifiers.{n}", n) for n in cfg.reward.strict.verifiers]
         + [(f"teacher.{n}", n) for n in (cfg.teacher.model_extra or {})]
+    )
     for where, name in used:
         if name not in FAMILIES:
-            raise ConfigError(f"{where}: {name!r} is not a registered task family (registered: {known}; "
-                              f"a family of your own needs data.families.{name}.module)")
+            raise ConfigError(
+                f"{where}: {name!r} is not a registered task family (registered: {known}; "
+                f"a family of your own needs data.families.{name}.module)"
+            )
     for name, fam in cfg.data.families.items():
         family = get_family(name)
         bad = [lv for lv in (fam.levels or ()) if lv not in family.levels]
@@ -135,10 +155,12 @@ def resolve_families(cfg: FlywheelConfig) -> FlywheelConfig:
             raise ConfigError(f"data.families.{name}.levels: {bad} do not exist; {name} has levels {family.levels}")
         from_files = [lv for lv in (fam.levels or ()) if lv in family.file_levels]
         if from_files:
-            raise ConfigError(f"data.families.{name}.levels: {from_files} come from problem files only (data.task_file, "
-                              f"benchmark.suites), they are not generated; generated levels: "
-                              f"{tuple(lv for lv in family.levels if lv not in family.file_levels)}")
-    for name in (cfg.teacher.model_extra or {}):
+            raise ConfigError(
+                f"data.families.{name}.levels: {from_files} come from problem files only (data.task_file, "
+                f"benchmark.suites), they are not generated; generated levels: "
+                f"{tuple(lv for lv in family.levels if lv not in family.file_levels)}"
+            )
+    for name in cfg.teacher.model_extra or {}:
         try:
             get_family(name).teacher(cfg.teacher)
         except ValidationError as exc:

@@ -28,8 +28,12 @@ from environments.code import FILE_LEVEL
 from environments.task_files import TaskFileError, _summary, read_rows
 from verifiers.code_tests import code_task_check
 
-INSTRUCTION = ("Complete the Python function below. Give the whole function, with the imports it needs, as the answer.\n\n")
-MBPP_INSTRUCTION = "Write a Python function for this task. Give the whole function, with the imports it needs, as the answer.\n\n"
+INSTRUCTION = (
+    "Complete the Python function below. Give the whole function, with the imports it needs, as the answer.\n\n"
+)
+MBPP_INSTRUCTION = (
+    "Write a Python function for this task. Give the whole function, with the imports it needs, as the answer.\n\n"
+)
 _CALLED = re.compile(r"^\s*assert\s+(?:not\s+)?\(?\s*(?:set\(|math\.isclose\(|abs\()?\s*([A-Za-z_]\w*)\s*\(")
 
 
@@ -49,7 +53,9 @@ def read_problem_rows(source: str) -> list[dict]:
 def humaneval_task(row: dict, suite: str) -> dict:
     entry, prompt = row["entry_point"], row["prompt"]
     tests = [{"name": "check", "code": f"{row['test']}\n\ncheck({entry})\n", "group": "fail_to_pass"}]
-    return _task(str(row["task_id"]), suite, INSTRUCTION + prompt, prompt + (row.get("canonical_solution") or ""), entry, tests)
+    return _task(
+        str(row["task_id"]), suite, INSTRUCTION + prompt, prompt + (row.get("canonical_solution") or ""), entry, tests
+    )
 
 
 def mbpp_task(row: dict, suite: str) -> dict:
@@ -58,15 +64,25 @@ def mbpp_task(row: dict, suite: str) -> dict:
     if not match:
         raise ValueError("field 'test_list': the first assert does not call a function (cannot tell the entry point)")
     setup = (row.get("test_setup_code") or "").strip()
-    tests = [{"name": f"test_{i}", "code": (setup + "\n" if setup else "") + code, "group": "fail_to_pass"} for i, code in enumerate(asserts)]
+    tests = [
+        {"name": f"test_{i}", "code": (setup + "\n" if setup else "") + code, "group": "fail_to_pass"}
+        for i, code in enumerate(asserts)
+    ]
     prompt = MBPP_INSTRUCTION + row["text"].strip() + "\nYour code should pass this test:\n" + asserts[0]
     return _task(str(row["task_id"]), suite, prompt, row.get("code") or "", match.group(1), tests)
 
 
 def _task(task_id: str, suite: str, prompt: str, answer: str, entry_point: str, tests: list[dict]) -> dict:
     task_id = task_id if "/" in task_id else f"{suite}/{task_id}"
-    record = {"task_id": task_id, "family": "code", "level": FILE_LEVEL, "prompt": prompt, "answer": answer, "split": suite,
-              "metadata": json.dumps({"entry_point": entry_point, "tests": tests, "suite": suite})}
+    record = {
+        "task_id": task_id,
+        "family": "code",
+        "level": FILE_LEVEL,
+        "prompt": prompt,
+        "answer": answer,
+        "split": suite,
+        "metadata": json.dumps({"entry_point": entry_point, "tests": tests, "suite": suite}),
+    }
     return {column: record[column] for column in TASK_COLUMNS}
 
 
@@ -78,8 +94,11 @@ def _row_problems(row: dict) -> tuple[str, list[str]]:
     else:
         need = {"task_id": (str, int), "prompt": str, "entry_point": str, "test": str}
         kind = "humaneval"
-    out = [f"field {name!r}: expected {getattr(t, '__name__', 'text or an integer')}, got {row.get(name)!r:.60}"
-           for name, t in need.items() if not isinstance(row.get(name), t) or row.get(name) in ("", [])]
+    out = [
+        f"field {name!r}: expected {getattr(t, '__name__', 'text or an integer')}, got {row.get(name)!r:.60}"
+        for name, t in need.items()
+        if not isinstance(row.get(name), t) or row.get(name) in ("", [])
+    ]
     if kind == "mbpp" and not out and not all(isinstance(t, str) for t in row["test_list"]):
         out.append("field 'test_list': expected a list of assert statements (text)")
     return kind, out

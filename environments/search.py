@@ -17,14 +17,13 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from environments.arithmetic import answer_turn  # noqa: F401 - re-exported: the same <answer> turn
 from pydantic import BaseModel, ConfigDict, Field
 
 from configs.schema import VerifierSpec
-from environments.base import Demonstration, Step
+from environments.arithmetic import answer_turn  # noqa: F401 - re-exported: the same <answer> turn
+from environments.base import Demonstration, KnowledgeBase, Step
 from environments.family import TaskFamily, register_family
 from environments.retrieval import BM25Retriever, Retriever
 from environments.tools import ToolResult
@@ -54,7 +53,8 @@ MAX_QUERY_CHARS = 100  # longer than any name query; stops a degenerate policy f
 # words, well-known names and places, and a few unfortunate ones were picked out of the 2,000
 # candidates by hand. Two equal syllables (Lulu, Mama) are excluded by construction.
 _ONSETS, _VOWELS, _FINAL_VOWELS = "dklmnrstvz", "aeiou", "aiou"
-_NOT_NAMES = frozenset("""
+_NOT_NAMES = frozenset(
+    """
 dado dali data deli demi demo desi deva dina dino diva dora dosa duma dura duro
 kaka kaki kali kama kami kana kara karo kata kava keno kilo kina kino kira kiva kola kona kora koto kudo kudu
 kuna kuru kuso lama lana lari lava lena leva levi lido lila lima limo lino lira lisa lita lobo loli lola loma
@@ -65,22 +65,13 @@ rita riva roma rosa rota roti roto rumi ruta saki sala sama sami sara sari sati 
 silo sima sita siva soda sola soli solo soma sora sori soto sudo sumo sura taka tala tara taro tela tiki tina
 tiro tito todo tola tomo tora tori toro tosa tula tuna vada vara vasa vatu veda vela vena vera veto vina vino
 visa vita viva vivo zara zeno zero zeta zika zima zola zona zori zulu zuni
-""".split())
+""".split()
+)
 NAME_POOL = tuple(
     name.capitalize()
     for name in (a + b + c + d for a in _ONSETS for b in _VOWELS for c in _ONSETS for d in _FINAL_VOWELS)
     if name not in _NOT_NAMES and name[:2] != name[2:]
 )
-
-
-@dataclass(frozen=True)
-class KnowledgeBase:
-    entities: dict[str, str]  # name -> type, one of TYPES
-    relations: dict[tuple[str, str], str]  # (subject, relation) -> object
-    documents: list[dict]  # {"doc_id", "title", "text"}, one per person, company and city, in entity order
-
-    def of_type(self, kind: str) -> list[str]:
-        return [name for name, t in self.entities.items() if t == kind]
 
 
 def document_text(name: str, kind: str, relations: dict[tuple[str, str], str]) -> str:
@@ -116,8 +107,12 @@ def generate_kb(seed: int, *, n_people: int, n_companies: int, n_cities: int, n_
         # Born elsewhere than the employer's city: otherwise the person's own document would
         # contain the answer to "where is the company X works for based?" (a one-hop shortcut).
         relations[person, "born_in"] = rng.choice([c for c in cities if c != relations[employer, "based_in"]])
-    entities = {**dict.fromkeys(people, "person"), **dict.fromkeys(companies, "company"),
-                **dict.fromkeys(cities, "city"), **dict.fromkeys(countries, "country")}
+    entities = {
+        **dict.fromkeys(people, "person"),
+        **dict.fromkeys(companies, "company"),
+        **dict.fromkeys(cities, "city"),
+        **dict.fromkeys(countries, "country"),
+    }
     documents = [
         {"doc_id": f"doc-{i:05d}", "title": name, "text": document_text(name, kind, relations)}
         for i, (name, kind) in enumerate((n, k) for n, k in entities.items() if k != "country")
@@ -133,8 +128,14 @@ def kb_to_rows(kb: KnowledgeBase) -> list[dict]:
     for (subject, relation), obj in kb.relations.items():
         own[subject][relation] = obj
     return [
-        {"name": name, "type": kind, "relations": json.dumps(own[name]),
-         "doc_id": docs.get(name, {}).get("doc_id", ""), "title": name, "text": docs.get(name, {}).get("text", "")}
+        {
+            "name": name,
+            "type": kind,
+            "relations": json.dumps(own[name]),
+            "doc_id": docs.get(name, {}).get("doc_id", ""),
+            "title": name,
+            "text": docs.get(name, {}).get("text", ""),
+        }
         for name, kind in kb.entities.items()
     ]
 
@@ -142,7 +143,11 @@ def kb_to_rows(kb: KnowledgeBase) -> list[dict]:
 def kb_from_rows(rows: Iterable[dict]) -> KnowledgeBase:
     rows = list(rows)
     relations = {(row["name"], r): o for row in rows for r, o in json.loads(row["relations"]).items()}
-    documents = [{"doc_id": row["doc_id"], "title": row.get("title") or row["name"], "text": row["text"]} for row in rows if row["doc_id"]]
+    documents = [
+        {"doc_id": row["doc_id"], "title": row.get("title") or row["name"], "text": row["text"]}
+        for row in rows
+        if row["doc_id"]
+    ]
     return KnowledgeBase({row["name"]: row["type"] for row in rows}, relations, documents)
 
 
@@ -166,8 +171,12 @@ def task_record(kb: KnowledgeBase, seed_entity: str, chain: tuple[str, ...], spl
     question = QUESTIONS[chain].format(seed_entity)
     path = follow(kb, seed_entity, chain)
     return {
-        "task_id": task_id_for(question), "family": FAMILY, "level": len(chain), "prompt": question + "\n",
-        "answer": path[-1], "split": split,
+        "task_id": task_id_for(question),
+        "family": FAMILY,
+        "level": len(chain),
+        "prompt": question + "\n",
+        "answer": path[-1],
+        "split": split,
         "metadata": json.dumps({"seed_entity": seed_entity, "relations": list(chain), "path": path}),
     }
 
@@ -200,8 +209,9 @@ def generate_tasks(
             rng.shuffle(pools[level])
     available = sum(map(len, pools.values()))
     if available < n:
-        raise ValueError(f"only {available} distinct search tasks at levels {levels} outside exclude_ids; "
-                         f"{n} requested")
+        raise ValueError(
+            f"only {available} distinct search tasks at levels {levels} outside exclude_ids; {n} requested"
+        )
     tasks = []
     for _ in range(n):
         live = [level for level in pools if pools[level]]
@@ -226,7 +236,13 @@ class SearchTool:
 
     name = TOOL
 
-    def __init__(self, documents: list[dict], top_k: int = 1, max_query_chars: int = MAX_QUERY_CHARS, retriever: Retriever | None = None):
+    def __init__(
+        self,
+        documents: list[dict],
+        top_k: int = 1,
+        max_query_chars: int = MAX_QUERY_CHARS,
+        retriever: Retriever | None = None,
+    ):
         if not documents or top_k < 1:
             raise ValueError("SearchTool needs documents and top_k >= 1")
         self.texts = [passage(d) for d in documents]
@@ -234,7 +250,9 @@ class SearchTool:
         self.max_query_chars = max_query_chars
         self.retriever = retriever or BM25Retriever.build(self.texts)
         if self.retriever.size != len(self.texts):
-            raise ValueError(f"the retriever indexes {self.retriever.size} passages; there are {len(self.texts)} documents")
+            raise ValueError(
+                f"the retriever indexes {self.retriever.size} passages; there are {len(self.texts)} documents"
+            )
 
     def call_many(self, queries: list[str]) -> list[ToolResult]:
         if not queries:
@@ -259,8 +277,9 @@ def search_turn(query: str) -> str:
     return f"{SEARCH_OPEN}{query}{SEARCH_CLOSE}"
 
 
-def demonstrate(task: dict, kb: KnowledgeBase, *, rng: random.Random, p_direct: float,
-                p_partial: float) -> Demonstration:
+def demonstrate(
+    task: dict, kb: KnowledgeBase, *, rng: random.Random, p_direct: float, p_partial: float
+) -> Demonstration:
     """The expert searches each entity on the path and answers the last one it reads. With
     probability `p_direct` the teacher guesses an entity of the answer's type without searching
     (right only by luck); with `p_partial` (2+ hops) it stops early and answers the intermediate
@@ -282,8 +301,9 @@ def demonstrate(task: dict, kb: KnowledgeBase, *, rng: random.Random, p_direct: 
     return Demonstration(task["task_id"], "search", steps, gold, True)
 
 
-def demonstrations(tasks: list[dict], kb: KnowledgeBase, n: int, *, seed: int, p_direct: float,
-                   p_partial: float) -> Iterator[Demonstration]:
+def demonstrations(
+    tasks: list[dict], kb: KnowledgeBase, n: int, *, seed: int, p_direct: float, p_partial: float
+) -> Iterator[Demonstration]:
     rng = random.Random(seed)
     for i in range(n):
         yield demonstrate(tasks[i % len(tasks)], kb, rng=rng, p_direct=p_direct, p_partial=p_partial)
@@ -296,7 +316,9 @@ class SearchTeacher(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     p_direct: float = Field(0.3, ge=0.0, le=1.0, description="Probability of guessing without searching (wrong).")
-    p_partial: float = Field(0.3, ge=0.0, le=1.0, description="Probability of stopping a hop early on 2-3 hop questions (wrong).")
+    p_partial: float = Field(
+        0.3, ge=0.0, le=1.0, description="Probability of stopping a hop early on 2-3 hop questions (wrong)."
+    )
 
 
 class Search(TaskFamily):
@@ -308,7 +330,9 @@ class Search(TaskFamily):
     def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
         if kb is None:
             raise ValueError("the search family needs the knowledge base to generate tasks")
-        return generate_tasks(kb, n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids)
+        return generate_tasks(
+            kb, n, seed=seed, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids
+        )
 
     def demonstrations(self, tasks, n, *, seed, teacher, kb):
         if kb is None:

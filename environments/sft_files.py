@@ -37,8 +37,17 @@ from verifiers.protocol import ANSWER_OPEN, TOOL_TAGS
 
 ROLES = ("system", "user", "assistant", "tool")
 # Tool names as other datasets spell them -> ours (verifiers.protocol.TOOL_TAGS).
-TOOL_NAMES = {"code": "code", "python": "code", "code_interpreter": "code", "execute_python": "code", "run_python": "code",
-              "search": "search", "retrieve": "search", "web_search": "search", "wikipedia_search": "search"}
+TOOL_NAMES = {
+    "code": "code",
+    "python": "code",
+    "code_interpreter": "code",
+    "execute_python": "code",
+    "run_python": "code",
+    "search": "search",
+    "retrieve": "search",
+    "web_search": "search",
+    "wikipedia_search": "search",
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,10 @@ def _call(call: object, where: str) -> tuple[Segment | None, str | None]:
     if isinstance(arguments, dict):
         texts = [v for v in arguments.values() if isinstance(v, str)]
         if len(texts) != 1:
-            return None, f"{where}.function.arguments': expected one string argument (the code or the query), got {sorted(arguments)}"
+            return (
+                None,
+                f"{where}.function.arguments': expected one string argument (the code or the query), got {sorted(arguments)}",
+            )
         arguments = texts[0]
     if not isinstance(arguments, str) or not arguments.strip():
         return None, f"{where}.function.arguments': expected the code or the query, got {arguments!r:.60}"
@@ -95,7 +107,9 @@ def parse_trajectory(row: dict) -> tuple[FileTrajectory | None, list[str]]:
     problems = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            problems.append(f"{at}[{i}].role': expected one of {', '.join(ROLES)}, got {m.get('role') if isinstance(m, dict) else m!r:.40}")
+            problems.append(
+                f"{at}[{i}].role': expected one of {', '.join(ROLES)}, got {m.get('role') if isinstance(m, dict) else m!r:.40}"
+            )
         elif not isinstance(m.get("content") or "", str):
             problems.append(f"{at}[{i}].content': expected text, got {m.get('content')!r:.40}")
     if problems:
@@ -103,7 +117,9 @@ def parse_trajectory(row: dict) -> tuple[FileTrajectory | None, list[str]]:
     system = messages[0]["role"] == "system"
     rest = messages[1:] if system else messages
     if not rest or rest[0]["role"] != "user" or not (rest[0].get("content") or "").strip():
-        return None, [f"{at}[{int(system)}]': expected the user's task (a user message with content) after the optional system message"]
+        return None, [
+            f"{at}[{int(system)}]': expected the user's task (a user message with content) after the optional system message"
+        ]
     if len(rest) < 2 or rest[-1]["role"] != "assistant" or rest[-1].get("tool_calls"):
         return None, [f"{at}[{len(messages) - 1}]': the last message must be the assistant's answer (no tool calls)"]
     segments: list[Segment] = []
@@ -111,7 +127,9 @@ def parse_trajectory(row: dict) -> tuple[FileTrajectory | None, list[str]]:
     for i, m in enumerate(rest[1:], start=int(system) + 1):
         content = m.get("content") or ""
         if m["role"] in ("system", "user"):
-            problems.append(f"{at}[{i}].role': {m['role']!r} after the task; only assistant and tool messages may follow")
+            problems.append(
+                f"{at}[{i}].role': {m['role']!r} after the task; only assistant and tool messages may follow"
+            )
         elif m["role"] == "tool":
             if not pending:
                 problems.append(f"{at}[{i}]': a tool message with no tool call before it")

@@ -86,7 +86,12 @@ def row_problems(row: dict, number: int) -> list[str]:
     if not known:
         out.append(f"row {number}: field 'family': {family!r} is not one of {FAMILIES.names()}")
     level = row["level"]
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) or int(level) != level:
+    if (
+        isinstance(level, bool)
+        or not isinstance(level, (int, float))
+        or not math.isfinite(level)
+        or int(level) != level
+    ):
         out.append(f"row {number}: field 'level': expected an integer, got {level!r}")
     elif known and int(level) not in get_family(family).levels:
         out.append(f"row {number}: field 'level': {int(level)} is not a level of {family} {get_family(family).levels}")
@@ -131,14 +136,28 @@ def question_row(row: dict) -> tuple[dict, list[str]]:
     if not isinstance(row.get("question"), str) or not row["question"].strip():
         problems.append(f"row {number}: field 'question': expected non-empty text, got {row.get('question')!r:.60}")
     if not isinstance(golden, (list, tuple)) or not golden or not all(isinstance(a, str) and a.strip() for a in golden):
-        problems.append(f"row {number}: field {key!r}: expected a non-empty list of non-empty strings, got {golden!r:.60}")
+        problems.append(
+            f"row {number}: field {key!r}: expected a non-empty list of non-empty strings, got {golden!r:.60}"
+        )
     if problems:
         return {}, problems
     question = row["question"].strip()
     given = row.get("id", row.get("_id"))
-    task_id = str(given) if given is not None and str(given).strip() else "question-" + hashlib.sha1(question.encode()).hexdigest()[:12]
-    return {"task_id": task_id, "family": "search", "level": row.get("level", 1), "prompt": question + "\n", "answer": golden[0],
-            "split": row.get("split"), "metadata": {"aliases": golden[1:], "question_file": True}, "_row": number}, []
+    task_id = (
+        str(given)
+        if given is not None and str(given).strip()
+        else "question-" + hashlib.sha1(question.encode()).hexdigest()[:12]
+    )
+    return {
+        "task_id": task_id,
+        "family": "search",
+        "level": row.get("level", 1),
+        "prompt": question + "\n",
+        "answer": golden[0],
+        "split": row.get("split"),
+        "metadata": {"aliases": golden[1:], "question_file": True},
+        "_row": number,
+    }, []
 
 
 def load_task_file(path: str, default_split: str = "train", only_split: str | None = None) -> pd.DataFrame:
@@ -168,11 +187,23 @@ def load_task_file(path: str, default_split: str = "train", only_split: str | No
         raise TaskFileError(_summary(path, problems))
     if not rows and only_split is None:
         raise TaskFileError(f"{path}: no tasks")
-    return pd.DataFrame([{
-        "task_id": r["task_id"], "family": r["family"], "level": int(r["level"]), "prompt": r["prompt"], "answer": str(r["answer"]),
-        "split": r.get("split") or default_split,
-        "metadata": r["metadata"] if isinstance(r.get("metadata"), str) else json.dumps(r.get("metadata") or {}),
-    } for r in rows], columns=list(TASK_COLUMNS))
+    return pd.DataFrame(
+        [
+            {
+                "task_id": r["task_id"],
+                "family": r["family"],
+                "level": int(r["level"]),
+                "prompt": r["prompt"],
+                "answer": str(r["answer"]),
+                "split": r.get("split") or default_split,
+                "metadata": r["metadata"]
+                if isinstance(r.get("metadata"), str)
+                else json.dumps(r.get("metadata") or {}),
+            }
+            for r in rows
+        ],
+        columns=list(TASK_COLUMNS),
+    )
 
 
 def _missing(value) -> bool:
@@ -183,4 +214,3 @@ def _summary(path, problems: list[str], what: str = "task file") -> str:
     shown = problems[:MAX_REPORTED]
     more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""
     return f"{what} {path} has {len(problems)} problem(s):\n  " + "\n  ".join(shown) + more
-

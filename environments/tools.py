@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING, Protocol
 
 from verifiers.protocol import OBSERVATION_TAGS

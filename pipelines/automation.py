@@ -57,15 +57,23 @@ def task_file_fingerprint(uri: str) -> str | None:
     if not fs.exists(path):
         return None
     info = fs.info(path)
-    return json.dumps({k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "ETag") if info.get(k) is not None}, sort_keys=True)
+    return json.dumps(
+        {k: str(info.get(k)) for k in ("size", "mtime", "LastModified", "ETag") if info.get(k) is not None},
+        sort_keys=True,
+    )
 
 
 def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
     """The schedules and sensors for the round job and the task-refresh job (asset jobs)."""
     rl_job_name = rl_job.name
 
-    @schedule(job=rl_job, cron_schedule=cfg.orchestration.retrain_cron, execution_timezone=cfg.orchestration.timezone,
-              default_status=DefaultScheduleStatus.STOPPED, description="Scheduled retraining: the next RL round from the current champion.")
+    @schedule(
+        job=rl_job,
+        cron_schedule=cfg.orchestration.retrain_cron,
+        execution_timezone=cfg.orchestration.timezone,
+        default_status=DefaultScheduleStatus.STOPPED,
+        description="Scheduled retraining: the next RL round from the current champion.",
+    )
     def retrain_schedule(context: ScheduleEvaluationContext):
         running = round_in_progress(context.instance, rl_job_name)
         if running:
@@ -74,8 +82,12 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
         context.instance.add_dynamic_partitions(rl_rounds.name, [key])  # schedules cannot request new partitions
         return RunRequest(partition_key=key, run_key=f"round-{key}", tags={"flywheel/trigger": "schedule"})
 
-    @sensor(job=tasks_job, minimum_interval_seconds=60, default_status=DefaultSensorStatus.STOPPED,
-            description="Re-materialize training_tasks when the file at data.task_file changes.")
+    @sensor(
+        job=tasks_job,
+        minimum_interval_seconds=60,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Re-materialize training_tasks when the file at data.task_file changes.",
+    )
     def task_file_sensor(context: SensorEvaluationContext):
         if cfg.data.task_file is None:
             return SkipReason("data.task_file is not set: training tasks are generated, no file to watch")
@@ -86,10 +98,17 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
             return SkipReason(f"{cfg.data.task_file} is unchanged")
         context.update_cursor(fingerprint)
         # a stable key (str hash() is salted per process): the same file version is never re-run
-        return RunRequest(run_key=f"tasks-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}", tags={"flywheel/trigger": "task_file", "flywheel/task_file": cfg.data.task_file})
+        return RunRequest(
+            run_key=f"tasks-{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}",
+            tags={"flywheel/trigger": "task_file", "flywheel/task_file": cfg.data.task_file},
+        )
 
-    @sensor(job=rl_job, minimum_interval_seconds=60, default_status=DefaultSensorStatus.STOPPED,
-            description="Start an RL round when training_tasks has a new materialization.")
+    @sensor(
+        job=rl_job,
+        minimum_interval_seconds=60,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Start an RL round when training_tasks has a new materialization.",
+    )
     def new_tasks_round_sensor(context: SensorEvaluationContext):
         records = context.instance.fetch_materializations(AssetKey("training_tasks"), limit=1).records
         if not records:
@@ -102,12 +121,21 @@ def build_automation(cfg: FlywheelConfig, rl_job, tasks_job):
             return SkipReason(f"new training tasks, but round run {running} is still in progress")
         key = str(next_round(context.instance))
         return SensorResult(
-            run_requests=[RunRequest(partition_key=key, run_key=f"round-{key}",
-                                     tags={"flywheel/trigger": "new_tasks", "flywheel/tasks_run": latest.run_id})],
+            run_requests=[
+                RunRequest(
+                    partition_key=key,
+                    run_key=f"round-{key}",
+                    tags={"flywheel/trigger": "new_tasks", "flywheel/tasks_run": latest.run_id},
+                )
+            ],
             dynamic_partitions_requests=[rl_rounds.build_add_request([key])],
             cursor=str(latest.storage_id),
         )
 
-    automation = AutomationConditionSensorDefinition("flywheel_automation", target=AssetSelection.all(), default_status=DefaultSensorStatus.STOPPED,
-                                                     description="Materializes assets whose automation condition says they are due.")
+    automation = AutomationConditionSensorDefinition(
+        "flywheel_automation",
+        target=AssetSelection.all(),
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Materializes assets whose automation condition says they are due.",
+    )
     return [retrain_schedule], [task_file_sensor, new_tasks_round_sensor, automation]

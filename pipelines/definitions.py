@@ -27,7 +27,9 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
     overrides = overrides if overrides is not None else json.loads(os.environ.get("FLYWHEEL_OVERRIDES", "{}"))
     cfg = resolve_families(load_profile(profile, overrides))
     limits = {"dagster/max_runtime": str(cfg.orchestration.max_runtime_s)}
-    base = ("base_benchmark_scores",) if cfg.benchmark.include_base else ()  # the zero-shot baseline, for pretrained models
+    base = (
+        ("base_benchmark_scores",) if cfg.benchmark.include_base else ()
+    )  # the zero-shot baseline, for pretrained models
     foundation = define_asset_job(
         FOUNDATION_JOB,
         selection=AssetSelection.groups("data", "model", "sft") | AssetSelection.assets("sft_benchmark_scores", *base),
@@ -36,26 +38,58 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
     )
     rl_job = define_asset_job(
         RL_ROUND_JOB,
-        selection=AssetSelection.assets("rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"),
+        selection=AssetSelection.assets(
+            "rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"
+        ),
         partitions_def=rl.rl_rounds,
         description="One RL round from the champion, then its benchmark and the promotion gate.",
         tags=limits,
     )
-    audit_job = define_asset_job(AUDIT_JOB, selection=AssetSelection.assets("reward_audit"), partitions_def=rl.rl_rounds,
-                                 description="Re-score a stored round with another verifier configuration; report disagreements.", tags=limits)
+    audit_job = define_asset_job(
+        AUDIT_JOB,
+        selection=AssetSelection.assets("reward_audit"),
+        partitions_def=rl.rl_rounds,
+        description="Re-score a stored round with another verifier configuration; report disagreements.",
+        tags=limits,
+    )
 
-    tasks_job = define_asset_job(TASKS_JOB, selection=AssetSelection.assets("training_tasks"),
-                                 description="Re-read the training tasks (data.task_file) and run their checks.", tags=limits)
+    tasks_job = define_asset_job(
+        TASKS_JOB,
+        selection=AssetSelection.assets("training_tasks"),
+        description="Re-read the training tasks (data.task_file) and run their checks.",
+        tags=limits,
+    )
     schedules, sensors = build_automation(cfg, rl_job, tasks_job)
 
-    assets = [data.knowledge_base, data.search_index, data.benchmark_tasks, data.training_tasks, sft.tokenizer, sft.base_model, sft.sft_trajectories, sft.sft_checkpoint,
-              benchmark.sft_benchmark_scores, rl.rl_round, benchmark.benchmark_scores, audit.reward_audit]
+    assets = [
+        data.knowledge_base,
+        data.search_index,
+        data.benchmark_tasks,
+        data.training_tasks,
+        sft.tokenizer,
+        sft.base_model,
+        sft.sft_trajectories,
+        sft.sft_checkpoint,
+        benchmark.sft_benchmark_scores,
+        rl.rl_round,
+        benchmark.benchmark_scores,
+        audit.reward_audit,
+    ]
     if base:
         assets.append(benchmark.base_benchmark_scores)
     return Definitions(
         assets=assets,
-        asset_checks=[data.knowledge_base_contract, data.search_index_contract, data.training_tasks_contract, data.benchmark_tasks_contract, data.training_disjoint_from_benchmark,
-                      sft.sft_trajectories_contract, rl.rollout_batches_contract, rl.task_pool_contract, rl.rl_round_health],
+        asset_checks=[
+            data.knowledge_base_contract,
+            data.search_index_contract,
+            data.training_tasks_contract,
+            data.benchmark_tasks_contract,
+            data.training_disjoint_from_benchmark,
+            sft.sft_trajectories_contract,
+            rl.rollout_batches_contract,
+            rl.task_pool_contract,
+            rl.rl_round_health,
+        ],
         jobs=[foundation, rl_job, audit_job, tasks_job],
         schedules=schedules,
         sensors=sensors,

@@ -27,7 +27,9 @@ import yaml
 from configs import ConfigError, FlywheelConfig, load_profile, parse_override
 
 DAGSTER_HOME_IN_POD = "/opt/dagster/dagster_home"
-INSTANCE_CONFIG_MAP = "dagster-instance"  # the ConfigMap holding this file, mounted at DAGSTER_HOME in run and step pods
+INSTANCE_CONFIG_MAP = (
+    "dagster-instance"  # the ConfigMap holding this file, mounted at DAGSTER_HOME in run and step pods
+)
 
 # Shared by both: fail runs that exceed their dagster/max_runtime tag or hang while starting, and
 # re-execute a crashed run from its failure once (completed steps are kept). Failing steps have
@@ -45,16 +47,28 @@ ROUND_RUN_LIMITS = [{"key": "dagster/partition", "value": {"applyLimitPerUniqueV
 
 # The local instance. The daemon (`make dagster-ui` runs one) enforces what is here; `make run`
 # executes in-process and relies on the assets' own retry policies and resumable state.
-LOCAL_SETTINGS = yaml.safe_dump({"telemetry": {"enabled": False}, "run_monitoring": RUN_MONITORING, "run_retries": RUN_RETRIES,
-                                 "concurrency": {"runs": {"tag_concurrency_limits": ROUND_RUN_LIMITS}}}, sort_keys=False)
+LOCAL_SETTINGS = yaml.safe_dump(
+    {
+        "telemetry": {"enabled": False},
+        "run_monitoring": RUN_MONITORING,
+        "run_retries": RUN_RETRIES,
+        "concurrency": {"runs": {"tag_concurrency_limits": ROUND_RUN_LIMITS}},
+    },
+    sort_keys=False,
+)
 
 
 def cluster_settings(cfg: FlywheelConfig) -> dict[str, Any]:
     k8s = cfg.orchestration.k8s
     postgres = {field: {"env": var} for field, var in k8s.postgres_env.items()}
-    launcher: dict[str, Any] = {"job_namespace": k8s.namespace, "service_account_name": k8s.service_account, "load_incluster_config": True,
-                                "instance_config_map": INSTANCE_CONFIG_MAP, "dagster_home": DAGSTER_HOME_IN_POD,
-                                "env_secrets": [k8s.env_secret] if k8s.env_secret else []}
+    launcher: dict[str, Any] = {
+        "job_namespace": k8s.namespace,
+        "service_account_name": k8s.service_account,
+        "load_incluster_config": True,
+        "instance_config_map": INSTANCE_CONFIG_MAP,
+        "dagster_home": DAGSTER_HOME_IN_POD,
+        "env_secrets": [k8s.env_secret] if k8s.env_secret else [],
+    }
     if k8s.image:
         launcher["job_image"] = k8s.image
     return {
@@ -62,8 +76,10 @@ def cluster_settings(cfg: FlywheelConfig) -> dict[str, Any]:
         "storage": {"postgres": {"postgres_db": {**postgres, "port": 5432}}},
         "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": launcher},
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
-        "concurrency": {"runs": {"max_concurrent_runs": k8s.max_concurrent_runs, "tag_concurrency_limits": ROUND_RUN_LIMITS},
-                        "pools": {"granularity": "op", "default_limit": k8s.gpu_pool_limit}},  # `gpu` is the only pool the assets use
+        "concurrency": {
+            "runs": {"max_concurrent_runs": k8s.max_concurrent_runs, "tag_concurrency_limits": ROUND_RUN_LIMITS},
+            "pools": {"granularity": "op", "default_limit": k8s.gpu_pool_limit},
+        },  # `gpu` is the only pool the assets use
         "run_monitoring": RUN_MONITORING,
         "run_retries": RUN_RETRIES,
     }
@@ -72,14 +88,24 @@ def cluster_settings(cfg: FlywheelConfig) -> dict[str, Any]:
 def instance_yaml(cfg: FlywheelConfig) -> str:
     if cfg.orchestration.executor != "k8s":
         return LOCAL_SETTINGS
-    return f"# Dagster instance of the {cfg.profile!r} profile (python -m pipelines.instance --profile {cfg.profile})\n" + \
-        yaml.safe_dump(cluster_settings(cfg), sort_keys=False)
+    return (
+        f"# Dagster instance of the {cfg.profile!r} profile (python -m pipelines.instance --profile {cfg.profile})\n"
+        + yaml.safe_dump(cluster_settings(cfg), sort_keys=False)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.instance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.instance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profile", default=None, help="profile (default: FLYWHEEL_PROFILE or tiny)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="profile override, e.g. orchestration.k8s.gpu_pool_limit=8")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="profile override, e.g. orchestration.k8s.gpu_pool_limit=8",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))

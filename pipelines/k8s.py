@@ -31,27 +31,40 @@ def gpu_ops(assets: list, cfg: FlywheelConfig | None = None) -> list[str]:
 
 def step_config(k8s: K8sConfig, *, gpu: bool) -> dict[str, Any]:
     """dagster-k8s user-defined config (container, pod spec, job spec) of one step's pod."""
-    resources = {kind: dict(values) for kind, values in (k8s.gpu_step_resources if gpu else k8s.cpu_step_resources).items()}
+    resources = {
+        kind: dict(values) for kind, values in (k8s.gpu_step_resources if gpu else k8s.cpu_step_resources).items()
+    }
     pod_spec: dict[str, Any] = {}
     if gpu:
         for kind in ("requests", "limits"):  # extended resources: request and limit must match
             resources.setdefault(kind, {})["nvidia.com/gpu"] = str(k8s.gpus_per_step)
-        pod_spec |= {"node_selector": dict(k8s.gpu_node_selector), "tolerations": [dict(t) for t in k8s.gpu_tolerations]}
+        pod_spec |= {
+            "node_selector": dict(k8s.gpu_node_selector),
+            "tolerations": [dict(t) for t in k8s.gpu_tolerations],
+        }
     container: dict[str, Any] = {"resources": resources}
     if gpu and k8s.gpu_image:  # the CUDA/vLLM/DeepSpeed image; other steps keep the lighter user-code image
         container["image"] = k8s.gpu_image
     if k8s.env_secret:
         container["env_from"] = [{"secret_ref": {"name": k8s.env_secret}}]
     # a failed step is retried by Dagster (RetryPolicy), not by Kubernetes re-running the pod
-    return {"container_config": container, "pod_spec_config": pod_spec, "pod_template_spec_metadata": {"annotations": dict(NO_EVICTION)},
-            "job_spec_config": {"backoff_limit": 0}}
+    return {
+        "container_config": container,
+        "pod_spec_config": pod_spec,
+        "pod_template_spec_metadata": {"annotations": dict(NO_EVICTION)},
+        "job_spec_config": {"backoff_limit": 0},
+    }
 
 
 def job_pod_spec(k8s: K8sConfig) -> dict[str, Any]:
     """Base pod spec of a training job launched through Pipes (PipesK8sClient): the GPU step's
     resources, node selector and tolerations, in the pod spec's own (snake_case) field names."""
     step = step_config(k8s, gpu=True)
-    return {**step["pod_spec_config"], "service_account_name": k8s.service_account, "containers": [dict(step["container_config"])]}
+    return {
+        **step["pod_spec_config"],
+        "service_account_name": k8s.service_account,
+        "containers": [dict(step["container_config"])],
+    }
 
 
 def executor_config(cfg: FlywheelConfig, gpu_op_names: list[str]) -> dict[str, Any]:

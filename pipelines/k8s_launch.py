@@ -54,7 +54,9 @@ class IndexedJobLauncher(JobLauncher):
 
         core, batch = self._clients()
         reader = PipesK8sPodLogsMessageReader()
-        with open_pipes_session(context=context, extras=extras, context_injector=PipesEnvContextInjector(), message_reader=reader) as session:
+        with open_pipes_session(
+            context=context, extras=extras, context_injector=PipesEnvContextInjector(), message_reader=reader
+        ) as session:
             self.run_job(context, job, session.get_bootstrap_env_vars(), core, batch, reader)
         return PipesClientCompletedInvocation(session)
 
@@ -75,7 +77,9 @@ class IndexedJobLauncher(JobLauncher):
         core.create_namespaced_service(self.namespace, service)
         try:
             batch.create_namespaced_job(self.namespace, job_manifest)
-            context.log.info(f"launched {job!r} as Job {self.namespace}/{name}: {self.nnodes} nodes x {self.nproc_per_node} ranks")
+            context.log.info(
+                f"launched {job!r} as Job {self.namespace}/{name}: {self.nnodes} nodes x {self.nproc_per_node} ranks"
+            )
             leader = self._wait_for_pod_zero(core, name)
             reader.consume_pod_logs(context=context, core_api=core, pod_name=leader, namespace=self.namespace)
             self._wait_for_job(core, batch, job, name)
@@ -94,8 +98,10 @@ class IndexedJobLauncher(JobLauncher):
                 if pod.status.phase in ("Running", "Succeeded", "Failed"):  # it has logs to read
                     return pod.metadata.name
             time.sleep(self.poll_s)
-        raise TimeoutError(f"Job {self.namespace}/{name}: pod 0 did not start within {POD_START_TIMEOUT_S / 60:.0f} min "
-                           f"(no free GPU node? check `kubectl describe job {name} -n {self.namespace}`)")
+        raise TimeoutError(
+            f"Job {self.namespace}/{name}: pod 0 did not start within {POD_START_TIMEOUT_S / 60:.0f} min "
+            f"(no free GPU node? check `kubectl describe job {name} -n {self.namespace}`)"
+        )
 
     def _wait_for_job(self, core, batch, job: str, name: str) -> None:
         deadline = time.monotonic() + JOB_TIMEOUT_S

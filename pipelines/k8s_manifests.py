@@ -75,14 +75,32 @@ SECCOMP_PROFILE = "profiles/flywheel-sandbox.json"
 # list as a seccomp filter, with only SANDBOX_CAPABILITIES and a read-only root but for /tmp.
 # The sandboxed code is also under the pool's own, tighter filter (verifiers/sandbox.py).
 DENIED_SYSCALLS = {
-    "modules, kexec, reboot": ("init_module", "finit_module", "delete_module", "create_module", "query_module", "get_kernel_syms",
-                               "kexec_load", "kexec_file_load", "reboot"),
+    "modules, kexec, reboot": (
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "create_module",
+        "query_module",
+        "get_kernel_syms",
+        "kexec_load",
+        "kexec_file_load",
+        "reboot",
+    ),
     "clocks": ("clock_settime", "clock_adjtime", "settimeofday", "stime"),
     "swap, accounting, quotas": ("swapon", "swapoff", "acct", "quotactl", "quotactl_fd"),
     "keyrings (outlive the call)": ("add_key", "request_key", "keyctl"),
     "other processes' memory": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
-    "kernel attack surface": ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
-                              "fanotify_init", "lookup_dcookie", "syslog"),
+    "kernel attack surface": (
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "fanotify_init",
+        "lookup_dcookie",
+        "syslog",
+    ),
     "inodes by handle (escapes a bind mount)": ("open_by_handle_at", "name_to_handle_at"),
     "joining other namespaces": ("setns",),
     "NUMA placement": ("mbind", "set_mempolicy", "get_mempolicy", "move_pages"),
@@ -96,7 +114,11 @@ SECCOMP_ARCHITECTURES = ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "
 # (the Pipes launcher's base_pod_meta, assets/launcher.py, and training_job below). Nothing else
 # in the namespace (webserver, daemon, code server, MLflow, run pods) reaches it.
 SANDBOX_CLIENTS = [
-    {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "dagster", "app.kubernetes.io/component": "step_worker"}}},
+    {
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "dagster", "app.kubernetes.io/component": "step_worker"}
+        }
+    },
     {"podSelector": {"matchExpressions": [{"key": "flywheel/job", "operator": "Exists"}]}},
 ]
 
@@ -107,8 +129,11 @@ TMP_MB = 64  # the host side's temp files (each worker's stderr log); the code n
 def seccomp_profile() -> dict[str, Any]:
     """The service container's Localhost seccomp profile (OCI/runc JSON)."""
     names = sorted({name for group in DENIED_SYSCALLS.values() for name in group})
-    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": list(SECCOMP_ARCHITECTURES),
-            "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}  # EPERM
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": list(SECCOMP_ARCHITECTURES),
+        "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+    }  # EPERM
 
 
 def sandbox_address(cfg: FlywheelConfig) -> tuple[str, int]:
@@ -117,10 +142,17 @@ def sandbox_address(cfg: FlywheelConfig) -> tuple[str, int]:
     namespace = cfg.orchestration.k8s.namespace
     url = urlsplit(cfg.sandbox.url or "")
     name, _, domain = (url.hostname or "").partition(".")
-    if cfg.sandbox.kind != "http" or url.scheme != "http" or not name or domain not in (f"{namespace}.svc", f"{namespace}.svc.cluster.local"):
-        raise ValueError(f"the sandbox service needs sandbox.kind http and sandbox.url http://<service>.{namespace}.svc.cluster.local:<port> "
-                         f"(a Service in orchestration.k8s.namespace; the service speaks plain HTTP), got kind {cfg.sandbox.kind!r}, "
-                         f"url {cfg.sandbox.url!r}")
+    if (
+        cfg.sandbox.kind != "http"
+        or url.scheme != "http"
+        or not name
+        or domain not in (f"{namespace}.svc", f"{namespace}.svc.cluster.local")
+    ):
+        raise ValueError(
+            f"the sandbox service needs sandbox.kind http and sandbox.url http://<service>.{namespace}.svc.cluster.local:<port> "
+            f"(a Service in orchestration.k8s.namespace; the service speaks plain HTTP), got kind {cfg.sandbox.kind!r}, "
+            f"url {cfg.sandbox.url!r}"
+        )
     return name, url.port or 80
 
 
@@ -144,16 +176,40 @@ def _health_probe(**timing: int) -> dict[str, Any]:
 def _service_container(cfg: FlywheelConfig, port: int, workers: int) -> dict[str, Any]:
     sandbox = cfg.sandbox
     # The service's limits are the profile's: the client compares them when it opens and refuses a mismatch.
-    command = ["python", "-m", "verifiers.sandbox_service", "--host", "0.0.0.0", "--port", str(port), "--token-env", sandbox.token_env,
-               "--pool-size", str(workers), "--timeout-s", str(sandbox.timeout_s), "--memory-mb", str(sandbox.memory_mb),
-               "--max-processes", str(sandbox.max_processes), "--max-files", str(sandbox.max_files),
-               "--max-output-bytes", str(sandbox.max_output_bytes)]
+    command = [
+        "python",
+        "-m",
+        "verifiers.sandbox_service",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--token-env",
+        sandbox.token_env,
+        "--pool-size",
+        str(workers),
+        "--timeout-s",
+        str(sandbox.timeout_s),
+        "--memory-mb",
+        str(sandbox.memory_mb),
+        "--max-processes",
+        str(sandbox.max_processes),
+        "--max-files",
+        str(sandbox.max_files),
+        "--max-output-bytes",
+        str(sandbox.max_output_bytes),
+    ]
     return {
         "name": "sandbox",
         "image": _image(cfg.orchestration.k8s.image, "orchestration.k8s.image"),
         "command": command,
         # From the Secret, never a literal: the service reads it once and drops it from its environment.
-        "env": [{"name": sandbox.token_env, "valueFrom": {"secretKeyRef": {"name": SANDBOX_TOKEN_SECRET, "key": SANDBOX_TOKEN_KEY}}}],
+        "env": [
+            {
+                "name": sandbox.token_env,
+                "valueFrom": {"secretKeyRef": {"name": SANDBOX_TOKEN_SECRET, "key": SANDBOX_TOKEN_KEY}},
+            }
+        ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": _health_probe(periodSeconds=10, failureThreshold=3),
         # /healthz fails once no worker is alive; a call would restart them, but a pod in that state is replaced.
@@ -163,7 +219,10 @@ def _service_container(cfg: FlywheelConfig, port: int, workers: int) -> dict[str
             # root with the host's user namespace: bwrap is not setuid and creates no user namespace,
             # and the per-slot uids must exist (docs/sandbox.md). allowPrivilegeEscalation is left
             # unset: the API refuses false next to CAP_SYS_ADMIN; bwrap sets no_new_privs itself.
-            "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "privileged": False,
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "privileged": False,
             "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
             "readOnlyRootFilesystem": True,
             "seccompProfile": {"type": "Localhost", "localhostProfile": SECCOMP_PROFILE},
@@ -181,43 +240,72 @@ def _profile_installer(cfg: FlywheelConfig) -> dict[str, Any]:
     return {
         "name": "seccomp-profile",
         "image": _image(cfg.orchestration.k8s.image, "orchestration.k8s.image"),
-        "command": ["sh", "-c", f"cp /profile/{Path(SECCOMP_PROFILE).name} {target}.tmp && mv -f {target}.tmp {target}"],
+        "command": [
+            "sh",
+            "-c",
+            f"cp /profile/{Path(SECCOMP_PROFILE).name} {target}.tmp && mv -f {target}.tmp {target}",
+        ],
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
-        "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
-        "volumeMounts": [{"name": "seccomp-profile", "mountPath": "/profile", "readOnly": True},
-                         {"name": "host-seccomp", "mountPath": "/host-seccomp"}],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "seccomp-profile", "mountPath": "/profile", "readOnly": True},
+            {"name": "host-seccomp", "mountPath": "/host-seccomp"},
+        ],
     }
 
 
-def _service_pod(cfg: FlywheelConfig, name: str, port: int, workers: int, labels: dict[str, str], profile: str) -> dict[str, Any]:
+def _service_pod(
+    cfg: FlywheelConfig, name: str, port: int, workers: int, labels: dict[str, str], profile: str
+) -> dict[str, Any]:
     """The Deployment's pod template."""
     selector = {"app.kubernetes.io/name": name}
     profile_dir = f"{KUBELET_SECCOMP_DIR}/{Path(SECCOMP_PROFILE).parent}"
     return {
-        "metadata": {"labels": dict(labels), "annotations": {
-            # a new profile must reach new containers: the ConfigMap alone would not roll the pods
-            "flywheel/seccomp-profile-sha256": hashlib.sha256(profile.encode()).hexdigest(),
-            "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": METRICS_PATH}},
+        "metadata": {
+            "labels": dict(labels),
+            "annotations": {
+                # a new profile must reach new containers: the ConfigMap alone would not roll the pods
+                "flywheel/seccomp-profile-sha256": hashlib.sha256(profile.encode()).hexdigest(),
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": METRICS_PATH,
+            },
+        },
         "spec": {
             "serviceAccountName": name,
             "automountServiceAccountToken": False,  # the service never calls the Kubernetes API
             "hostUsers": True,  # no pod user namespace: it maps too few uids for the per-slot uids
             "nodeSelector": dict(SANDBOX_NODE_SELECTOR),
             "tolerations": [dict(t) for t in SANDBOX_TOLERATIONS],
-            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                           "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": selector}}],
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": selector},
+                }
+            ],
             "initContainers": [_profile_installer(cfg)],
             "containers": [_service_container(cfg, port, workers)],
-            "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": f"{TMP_MB}Mi"}},
-                        {"name": "seccomp-profile", "configMap": {"name": f"{name}-seccomp"}},
-                        {"name": "host-seccomp", "hostPath": {"path": profile_dir, "type": "DirectoryOrCreate"}}],
+            "volumes": [
+                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": f"{TMP_MB}Mi"}},
+                {"name": "seccomp-profile", "configMap": {"name": f"{name}-seccomp"}},
+                {"name": "host-seccomp", "hostPath": {"path": profile_dir, "type": "DirectoryOrCreate"}},
+            ],
         },
     }
 
 
-def sandbox_service(cfg: FlywheelConfig, *, workers: int = 3, min_replicas: int = 2, max_replicas: int = 8,
-                    target_cpu_percent: int = 70) -> list[dict[str, Any]]:
+def sandbox_service(
+    cfg: FlywheelConfig, *, workers: int = 3, min_replicas: int = 2, max_replicas: int = 8, target_cpu_percent: int = 70
+) -> list[dict[str, Any]]:
     """The sandbox service's objects, in the order `kubectl apply -f` should create them.
 
     workers: the pool size of one replica (`--pool-size`), one CPU each; 3 lets two replicas share
@@ -226,8 +314,10 @@ def sandbox_service(cfg: FlywheelConfig, *, workers: int = 3, min_replicas: int 
     max_replicas: the sandbox node group's maximum size times the replicas a node holds.
     """
     if not 2 <= min_replicas <= max_replicas or workers < 1:
-        raise ValueError(f"the sandbox service needs 2 <= min_replicas <= max_replicas (one replica would be evicted whole by a node "
-                         f"drain) and workers >= 1, got {min_replicas}, {max_replicas}, {workers}")
+        raise ValueError(
+            f"the sandbox service needs 2 <= min_replicas <= max_replicas (one replica would be evicted whole by a node "
+            f"drain) and workers >= 1, got {min_replicas}, {max_replicas}, {workers}"
+        )
     name, port = sandbox_address(cfg)
     namespace = cfg.orchestration.k8s.namespace
     selector = {"app.kubernetes.io/name": name}
@@ -235,31 +325,70 @@ def sandbox_service(cfg: FlywheelConfig, *, workers: int = 3, min_replicas: int 
     meta = _meta(name, namespace, labels)
     profile = json.dumps(seccomp_profile(), indent=2, sort_keys=True)
     cpu_target = {"type": "Utilization", "averageUtilization": target_cpu_percent}
-    return _plain([
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{name}-seccomp", namespace, labels),
-         "data": {Path(SECCOMP_PROFILE).name: profile}},
-        # No `replicas`: the HPA owns it, and a re-apply would reset it.
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-         "spec": {"selector": {"matchLabels": selector}, "revisionHistoryLimit": 3,
-                  "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-                  "template": _service_pod(cfg, name, port, workers, labels, profile)}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-         "spec": {"type": "ClusterIP", "selector": selector,
-                  "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}},
-        # Ingress from the clients on the service's port only; no egress at all (the service needs
-        # none, and a compromised one then reaches neither the API server, nor IMDS, nor the
-        # internet). Kubelet probes come from the node and are not subject to it.
-        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
-         "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress", "Egress"],
-                  "ingress": [{"from": SANDBOX_CLIENTS, "ports": [{"protocol": "TCP", "port": port}]}], "egress": []}},
-        {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
-         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-                  "minReplicas": min_replicas, "maxReplicas": max_replicas,
-                  "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": cpu_target}}]}},
-        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
-         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}},
-    ])
+    return _plain(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": _meta(f"{name}-seccomp", namespace, labels),
+                "data": {Path(SECCOMP_PROFILE).name: profile},
+            },
+            # No `replicas`: the HPA owns it, and a re-apply would reset it.
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": meta,
+                "spec": {
+                    "selector": {"matchLabels": selector},
+                    "revisionHistoryLimit": 3,
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                    "template": _service_pod(cfg, name, port, workers, labels, profile),
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": meta,
+                "spec": {
+                    "type": "ClusterIP",
+                    "selector": selector,
+                    "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+                },
+            },
+            # Ingress from the clients on the service's port only; no egress at all (the service needs
+            # none, and a compromised one then reaches neither the API server, nor IMDS, nor the
+            # internet). Kubelet probes come from the node and are not subject to it.
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": meta,
+                "spec": {
+                    "podSelector": {"matchLabels": selector},
+                    "policyTypes": ["Ingress", "Egress"],
+                    "ingress": [{"from": SANDBOX_CLIENTS, "ports": [{"protocol": "TCP", "port": port}]}],
+                    "egress": [],
+                },
+            },
+            {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": meta,
+                "spec": {
+                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                    "minReplicas": min_replicas,
+                    "maxReplicas": max_replicas,
+                    "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": cpu_target}}],
+                },
+            },
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": meta,
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+            },
+        ]
+    )
 
 
 # --- a multi-node training job ------------------------------------------------------------------
@@ -275,9 +404,21 @@ def torchrun_command(job: str, *, nnodes: int, gpus_per_node: int, master: str) 
     """torchrun (`python -m torch.distributed.run`, as assets/launcher.py runs it) with its static
     rendezvous: node rank = the pod's completion index, and rank 0's pod hosts the store at
     `master`. (The c10d backend ignores --node-rank and elects its store host by address.)"""
-    return ["python", "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={gpus_per_node}",
-            "--node-rank=$(NODE_RANK)", "--rdzv-backend=static", f"--master-addr={master}", f"--master-port={RENDEZVOUS_PORT}",
-            f"--rdzv-conf=timeout={RENDEZVOUS_TIMEOUT_S}", "-m", "assets.jobs", job]
+    return [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={gpus_per_node}",
+        "--node-rank=$(NODE_RANK)",
+        "--rdzv-backend=static",
+        f"--master-addr={master}",
+        f"--master-port={RENDEZVOUS_PORT}",
+        f"--rdzv-conf=timeout={RENDEZVOUS_TIMEOUT_S}",
+        "-m",
+        "assets.jobs",
+        job,
+    ]
 
 
 def _training_container(cfg: FlywheelConfig, job: str, nnodes: int, master: str, env: dict[str, str]) -> dict[str, Any]:
@@ -291,8 +432,10 @@ def _training_container(cfg: FlywheelConfig, job: str, nnodes: int, master: str,
         "name": "train",
         "image": _image(k8s.gpu_image or k8s.image, "orchestration.k8s.gpu_image"),
         "command": torchrun_command(job, nnodes=nnodes, gpus_per_node=k8s.gpus_per_step, master=master),
-        "env": [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": completion_index}}},
-                *({"name": key, "value": value} for key, value in env.items())],
+        "env": [
+            {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": completion_index}}},
+            *({"name": key, "value": value} for key, value in env.items()),
+        ],
         "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
         "resources": resources,
         # NCCL's and the DataLoader's shared memory: the runtime's /dev/shm is 64 MB. A memory-backed
@@ -304,8 +447,9 @@ def _training_container(cfg: FlywheelConfig, job: str, nnodes: int, master: str,
     return container
 
 
-def training_job(cfg: FlywheelConfig, job: str, *, nnodes: int = 1, env: dict[str, str] | None = None,
-                 name: str | None = None) -> list[dict[str, Any]]:
+def training_job(
+    cfg: FlywheelConfig, job: str, *, nnodes: int = 1, env: dict[str, str] | None = None, name: str | None = None
+) -> list[dict[str, Any]]:
     """A headless Service and an Indexed Job of `nnodes` pods running `python -m assets.jobs <job>`
     under torchrun, `gpus_per_step` GPUs each. `env` is added to the container (a launcher's Dagster
     Pipes variables); `name` defaults to flywheel-<job> (with dashes). One node is nnodes=1."""
@@ -313,31 +457,58 @@ def training_job(cfg: FlywheelConfig, job: str, *, nnodes: int = 1, env: dict[st
     name = name or f"flywheel-{job.replace('_', '-')}"
     # Pod hostnames are <name>-<index> and the Service is <name>: both must be DNS labels.
     if nnodes < 1 or not _DNS_LABEL.match(name) or len(f"{name}-{nnodes - 1}") > 63:
-        raise ValueError(f"training job {name!r} with nnodes={nnodes}: need nnodes >= 1 and a DNS label name "
-                         f"(lower case, digits, '-') of at most {62 - len(str(nnodes - 1))} characters")
+        raise ValueError(
+            f"training job {name!r} with nnodes={nnodes}: need nnodes >= 1 and a DNS label name "
+            f"(lower case, digits, '-') of at most {62 - len(str(nnodes - 1))} characters"
+        )
     # The Job controller names the pod of index i `<name>-<i>`; with `subdomain` that is a DNS name
     # in the headless Service below: <name>-0.<name> from any pod of the namespace.
     master = f"{name}-0.{name}"
     labels = {"flywheel/job": job, **PART_OF}
     pod = {
         "metadata": {"labels": labels, "annotations": NO_EVICTION},
-        "spec": {"subdomain": name, "restartPolicy": "Never", "serviceAccountName": k8s.service_account,
-                 "nodeSelector": k8s.gpu_node_selector, "tolerations": k8s.gpu_tolerations,
-                 "containers": [_training_container(cfg, job, nnodes, master, env or {})],
-                 "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]},
+        "spec": {
+            "subdomain": name,
+            "restartPolicy": "Never",
+            "serviceAccountName": k8s.service_account,
+            "nodeSelector": k8s.gpu_node_selector,
+            "tolerations": k8s.gpu_tolerations,
+            "containers": [_training_container(cfg, job, nnodes, master, env or {})],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
     }
     rendezvous = {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}
-    return _plain([
-        # publishNotReadyAddresses: rank 0's DNS name exists as soon as its pod has an address.
-        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, k8s.namespace, labels),
-         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"batch.kubernetes.io/job-name": name},
-                  "ports": [rendezvous]}},
-        # backoffLimit 0: a failed rank fails the Job, and Dagster's retry policy reruns the step
-        # (which resumes from its saved state), as for every other step pod (pipelines/k8s.py).
-        {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, k8s.namespace, labels),
-         "spec": {"completionMode": "Indexed", "completions": nnodes, "parallelism": nnodes, "backoffLimit": 0,
-                  "ttlSecondsAfterFinished": 24 * 3600, "template": pod}},
-    ])
+    return _plain(
+        [
+            # publishNotReadyAddresses: rank 0's DNS name exists as soon as its pod has an address.
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": _meta(name, k8s.namespace, labels),
+                "spec": {
+                    "clusterIP": "None",
+                    "publishNotReadyAddresses": True,
+                    "selector": {"batch.kubernetes.io/job-name": name},
+                    "ports": [rendezvous],
+                },
+            },
+            # backoffLimit 0: a failed rank fails the Job, and Dagster's retry policy reruns the step
+            # (which resumes from its saved state), as for every other step pod (pipelines/k8s.py).
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": _meta(name, k8s.namespace, labels),
+                "spec": {
+                    "completionMode": "Indexed",
+                    "completions": nnodes,
+                    "parallelism": nnodes,
+                    "backoffLimit": 0,
+                    "ttlSecondsAfterFinished": 24 * 3600,
+                    "template": pod,
+                },
+            },
+        ]
+    )
 
 
 def _plain(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -354,8 +525,16 @@ def _image(image: str | None, field: str) -> str:
 
 # --- all of it, and the CLI ---------------------------------------------------------------------
 
-def render_all(cfg: FlywheelConfig, *, jobs: tuple[str, ...] = (), nnodes: int = 1, workers: int = 3, min_replicas: int = 2,
-               max_replicas: int = 8) -> list[dict[str, Any]]:
+
+def render_all(
+    cfg: FlywheelConfig,
+    *,
+    jobs: tuple[str, ...] = (),
+    nnodes: int = 1,
+    workers: int = 3,
+    min_replicas: int = 2,
+    max_replicas: int = 8,
+) -> list[dict[str, Any]]:
     """The sandbox service, then a training job per name in `jobs`."""
     manifests = sandbox_service(cfg, workers=workers, min_replicas=min_replicas, max_replicas=max_replicas)
     for job in jobs:
@@ -375,22 +554,47 @@ def write_manifests(manifests: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.k8s_manifests", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default=None, help="profile (default: FLYWHEEL_PROFILE or tiny); the cluster one in practice")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="profile override, e.g. sandbox.timeout_s=3")
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.k8s_manifests",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--profile", default=None, help="profile (default: FLYWHEEL_PROFILE or tiny); the cluster one in practice"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="profile override, e.g. sandbox.timeout_s=3"
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory to write one YAML file per object into")
-    parser.add_argument("--job", action="append", default=[], help="also render a training job running `python -m assets.jobs JOB`")
-    parser.add_argument("--nnodes", type=int, default=None, help="pods (nodes) of each training job, gpus_per_step GPUs each "
-                        "(default: orchestration.k8s.nnodes)")
-    parser.add_argument("--sandbox-workers", type=int, default=3, help="bubblewrap workers (and CPUs) per sandbox replica")
-    parser.add_argument("--sandbox-min-replicas", type=int, default=2, help="the HPA's minimum (at least 2: the disruption budget)")
-    parser.add_argument("--sandbox-max-replicas", type=int, default=8, help="the HPA's maximum; the sandbox node group must hold it")
+    parser.add_argument(
+        "--job", action="append", default=[], help="also render a training job running `python -m assets.jobs JOB`"
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=None,
+        help="pods (nodes) of each training job, gpus_per_step GPUs each (default: orchestration.k8s.nnodes)",
+    )
+    parser.add_argument(
+        "--sandbox-workers", type=int, default=3, help="bubblewrap workers (and CPUs) per sandbox replica"
+    )
+    parser.add_argument(
+        "--sandbox-min-replicas", type=int, default=2, help="the HPA's minimum (at least 2: the disruption budget)"
+    )
+    parser.add_argument(
+        "--sandbox-max-replicas", type=int, default=8, help="the HPA's maximum; the sandbox node group must hold it"
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
-        manifests = render_all(cfg, jobs=tuple(args.job), nnodes=args.nnodes or cfg.orchestration.k8s.nnodes, workers=args.sandbox_workers,
-                               min_replicas=args.sandbox_min_replicas, max_replicas=args.sandbox_max_replicas)
+        manifests = render_all(
+            cfg,
+            jobs=tuple(args.job),
+            nnodes=args.nnodes or cfg.orchestration.k8s.nnodes,
+            workers=args.sandbox_workers,
+            min_replicas=args.sandbox_min_replicas,
+            max_replicas=args.sandbox_max_replicas,
+        )
     except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -40,7 +40,9 @@ def tracker_for(cfg: FlywheelConfig) -> MLflowTracker:
 def _version(tracker: MLflowTracker, version: str):
     found = {str(v.version): v for v in tracker.versions()}
     if str(version) not in found:
-        raise RegistryError(f"registered model {tracker.registered_model!r} has no version {version!r} (versions: {', '.join(found) or 'none'})")
+        raise RegistryError(
+            f"registered model {tracker.registered_model!r} has no version {version!r} (versions: {', '.join(found) or 'none'})"
+        )
     return found[str(version)]
 
 
@@ -51,32 +53,54 @@ def gate(tracker: MLflowTracker, version: str, cfg: FlywheelConfig) -> dict:
     if champion is not None and str(champion.version) == str(candidate.version):
         raise RegistryError(f"version {version} is already the champion")
     if champion is not None and tracker.gate_k(candidate.run_id) != tracker.gate_k(champion.run_id):
-        raise RegistryError(f"version {version} was scored with benchmark.gate_k={tracker.gate_k(candidate.run_id)} and the champion "
-                            f"(version {champion.version}) with {tracker.gate_k(champion.run_id)}: their per-task scores cannot be compared")
+        raise RegistryError(
+            f"version {version} was scored with benchmark.gate_k={tracker.gate_k(candidate.run_id)} and the champion "
+            f"(version {champion.version}) with {tracker.gate_k(champion.run_id)}: their per-task scores cannot be compared"
+        )
     scores = tracker.load_json(candidate.run_id, "per_task_scores.json")
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
     decision = promotion_decision(scores, champion_scores, cfg.benchmark.confidence, cfg.benchmark.promotion_margin)
-    return {**decision, "champion": str(champion.version) if champion else None, "blocked_by": candidate.tags.get("blocked_by", "")}
+    return {
+        **decision,
+        "champion": str(champion.version) if champion else None,
+        "blocked_by": candidate.tags.get("blocked_by", ""),
+    }
 
 
 def promote(tracker: MLflowTracker, version: str, cfg: FlywheelConfig, *, force: bool = False) -> str:
     """Promote through the gate; a refusal raises with the figures that decided it."""
     decision = gate(tracker, version, cfg)
     against = f"v{version} vs champion v{decision['champion']}"
-    figures = (f"{against}: pass@1 difference {decision['diff']:+.3f}, {cfg.benchmark.confidence:.0%} CI "
-               f"[{decision['diff_ci_low']:+.3f}, {decision['diff_ci_high']:+.3f}]") if decision["champion"] else f"v{version}: no champion yet"
+    figures = (
+        (
+            f"{against}: pass@1 difference {decision['diff']:+.3f}, {cfg.benchmark.confidence:.0%} CI "
+            f"[{decision['diff_ci_low']:+.3f}, {decision['diff_ci_high']:+.3f}]"
+        )
+        if decision["champion"]
+        else f"v{version}: no champion yet"
+    )
     reasons = []
     if not decision["promote"]:
-        reasons.append(f"the CI lower bound {decision['diff_ci_low']:+.3f} is not above benchmark.promotion_margin {cfg.benchmark.promotion_margin:+.3f}")
+        reasons.append(
+            f"the CI lower bound {decision['diff_ci_low']:+.3f} is not above benchmark.promotion_margin {cfg.benchmark.promotion_margin:+.3f}"
+        )
     if decision["blocked_by"]:
         reasons.append(f"its round was blocked ({decision['blocked_by']})")
     if reasons and not force:
         raise RegistryError(f"refused: {figures}; {' and '.join(reasons)}. Pass --force to promote anyway.")
     try:  # gated: only over the champion the gate compared against; forced: over whoever holds it
-        tracker.promote(version, "force" if reasons else "gate", **({} if reasons else {"expected": decision["champion"]}))
+        tracker.promote(
+            version, "force" if reasons else "gate", **({} if reasons else {"expected": decision["champion"]})
+        )
     except ChampionChanged as exc:
-        raise RegistryError(f"refused: {exc}; run `promote {version}` again to compare it against the new champion") from None
-    return f"promoted v{version} to {CHAMPION}" + (f" (forced over: {'; '.join(reasons)})" if reasons else "") + f" -- {figures}"
+        raise RegistryError(
+            f"refused: {exc}; run `promote {version}` again to compare it against the new champion"
+        ) from None
+    return (
+        f"promoted v{version} to {CHAMPION}"
+        + (f" (forced over: {'; '.join(reasons)})" if reasons else "")
+        + f" -- {figures}"
+    )
 
 
 def load(tracker: MLflowTracker, alias: str, out: Path):
@@ -99,32 +123,52 @@ def _table(rows: list[dict]) -> str:
     lines = ["version  stage  round  pass@1  95% CI           aliases              promoted_by  blocked_by"]
     for r in rows:
         ci = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if not math.isnan(r["ci_low"]) else ""
-        lines.append(f"{r['version']:<8} {r['stage']:<6} {r['round']:<6} {r['pass_at_1']:.3f}   {ci:<16} {r['aliases']:<20} "
-                     f"{r['promoted_by']:<12} {r['blocked_by']}")
+        lines.append(
+            f"{r['version']:<8} {r['stage']:<6} {r['round']:<6} {r['pass_at_1']:.3f}   {ci:<16} {r['aliases']:<20} "
+            f"{r['promoted_by']:<12} {r['blocked_by']}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.registry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default=None, help="profile whose MLflow store to use (default: FLYWHEEL_PROFILE or tiny)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="profile override, e.g. benchmark.promotion_margin=0.02")
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.registry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--profile", default=None, help="profile whose MLflow store to use (default: FLYWHEEL_PROFILE or tiny)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="profile override, e.g. benchmark.promotion_margin=0.02",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="versions with their benchmark scores and aliases")
     p_promote = commands.add_parser("promote", help="make VERSION the champion if it passes the promotion gate")
     p_promote.add_argument("version")
-    p_promote.add_argument("--force", action="store_true", help="promote even if the gate refuses (recorded as promoted_by=force)")
+    p_promote.add_argument(
+        "--force", action="store_true", help="promote even if the gate refuses (recorded as promoted_by=force)"
+    )
     commands.add_parser("rollback", help="give the champion alias back to the previous champion")
     p_load = commands.add_parser("load", help="download and load models:/<registered model>@ALIAS")
     p_load.add_argument("--alias", default=CHAMPION)
     p_load.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # score downloads would print bars between our lines
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # score downloads would print bars between our lines
     try:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
         tracker = tracker_for(cfg)
         if args.command == "list":
             rows = tracker.version_rows()
-            print(_table(rows) if rows else f"registered model {tracker.registered_model!r} has no versions yet (run `make run`)")
+            print(
+                _table(rows)
+                if rows
+                else f"registered model {tracker.registered_model!r} has no versions yet (run `make run`)"
+            )
         elif args.command == "promote":
             print(promote(tracker, args.version, cfg, force=args.force))
         elif args.command == "rollback":
@@ -132,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rolled back {CHAMPION}: v{was} -> v{now}")
         else:
             model, _, folder = load(tracker, args.alias, args.out)
-            print(f"loaded models:/{tracker.registered_model}@{args.alias} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters")
+            print(
+                f"loaded models:/{tracker.registered_model}@{args.alias} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters"
+            )
     except (RegistryError, LookupError, ConfigError, Busy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -42,9 +42,16 @@ def launcher_for(cfg: FlywheelConfig, overrides: dict[str, Any] | None = None) -
     from pipelines.k8s_launch import IndexedJobLauncher
 
     k8s = cfg.orchestration.k8s  # one rank per GPU of each of the job's nnodes pods
-    return IndexedJobLauncher(kind=kind, nproc_per_node=k8s.gpus_per_step, namespace=k8s.namespace, image=k8s.gpu_image or k8s.image,
-                              pod_spec_json=json.dumps(job_pod_spec(k8s)), nnodes=k8s.nnodes, profile=cfg.profile,
-                              overrides_json=json.dumps(overrides or {}))
+    return IndexedJobLauncher(
+        kind=kind,
+        nproc_per_node=k8s.gpus_per_step,
+        namespace=k8s.namespace,
+        image=k8s.gpu_image or k8s.image,
+        pod_spec_json=json.dumps(job_pod_spec(k8s)),
+        nnodes=k8s.nnodes,
+        profile=cfg.profile,
+        overrides_json=json.dumps(overrides or {}),
+    )
 
 
 def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDefinition:
@@ -56,7 +63,9 @@ def executor_for(cfg: FlywheelConfig, assets: list | None = None) -> ExecutorDef
     try:
         from dagster_k8s import k8s_job_executor
     except ImportError as exc:
-        raise RuntimeError("orchestration.executor = k8s needs the dagster-k8s package (installed in the cluster image)") from exc
+        raise RuntimeError(
+            "orchestration.executor = k8s needs the dagster-k8s package (installed in the cluster image)"
+        ) from exc
     from pipelines.k8s import executor_config, gpu_ops
 
     return k8s_job_executor.configured(executor_config(cfg, gpu_ops(assets or [], cfg)), name="k8s")

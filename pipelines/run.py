@@ -31,11 +31,14 @@ from configs import ConfigError, flywheel_home, load_profile, parse_override
 from environments.family import resolve_families
 from pipelines.instance import LOCAL_SETTINGS
 
-
 # What earlier versions wrote (without monitoring; without the run queue's one-run-per-round limit): upgraded in place.
-OLD_INSTANCE_SETTINGS = ("telemetry:\n  enabled: false\n",
-                         "telemetry:\n  enabled: false\nrun_monitoring:\n  enabled: true\n  start_timeout_seconds: 300\n  poll_interval_seconds: 60\n"
-                         "run_retries:\n  enabled: true\n  max_retries: 1\n  retry_on_asset_or_op_failure: false\n")
+OLD_INSTANCE_SETTINGS = (
+    "telemetry:\n  enabled: false\n",
+    "telemetry:\n  enabled: false\nrun_monitoring:\n  enabled: true\n  start_timeout_seconds: 300\n  poll_interval_seconds: 60\n"
+    "run_retries:\n  enabled: true\n  max_retries: 1\n  retry_on_asset_or_op_failure: false\n",
+)
+
+
 def prepare_home(home: Path) -> None:
     """Dagster's sqlite instance lives in FLYWHEEL_HOME/dagster; created on first use."""
     dagster_home = home / "dagster"
@@ -57,7 +60,13 @@ CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 # Tags on every run a flywheel launches: which flywheel it belongs to, how to rebuild its
 # definitions, and the process running it (to tell a killed run from a running one).
-FLYWHEEL_TAG, PROFILE_TAG, OVERRIDES_TAG, PID_TAG, HOST_TAG = "flywheel/id", "flywheel/profile", "flywheel/overrides", "flywheel/pid", "flywheel/host"
+FLYWHEEL_TAG, PROFILE_TAG, OVERRIDES_TAG, PID_TAG, HOST_TAG = (
+    "flywheel/id",
+    "flywheel/profile",
+    "flywheel/overrides",
+    "flywheel/pid",
+    "flywheel/host",
+)
 
 
 def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict:
@@ -86,21 +95,39 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     # what a re-execution's job is rebuilt from (pipelines/definitions.py), as the Dagster UI does
     os.environ["FLYWHEEL_PROFILE"], os.environ["FLYWHEEL_OVERRIDES"] = profile, json.dumps(overrides)
     defs = build_definitions(profile, overrides)
-    tags = {FLYWHEEL_TAG: runs[0].tags[FLYWHEEL_TAG] if runs else uuid.uuid4().hex[:12], PROFILE_TAG: profile,
-            OVERRIDES_TAG: json.dumps(overrides, sort_keys=True), PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+    tags = {
+        FLYWHEEL_TAG: runs[0].tags[FLYWHEEL_TAG] if runs else uuid.uuid4().hex[:12],
+        PROFILE_TAG: profile,
+        OVERRIDES_TAG: json.dumps(overrides, sort_keys=True),
+        PID_TAG: str(os.getpid()),
+        HOST_TAG: socket.gethostname(),
+    }
     if runs and runs[0].status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.QUEUED):
-        raise SystemExit(f"[flywheel] the last flywheel is still running: run {runs[0].run_id[:8]} (pid {runs[0].tags.get(PID_TAG)})")
+        raise SystemExit(
+            f"[flywheel] the last flywheel is still running: run {runs[0].run_id[:8]} (pid {runs[0].tags.get(PID_TAG)})"
+        )
     if runs and runs[0].status != DagsterRunStatus.SUCCESS:  # 3a. the killed or failed run, from where it stopped
         parent = runs[0]
-        what = parent.job_name + (f" partition {parent.tags['dagster/partition']}" if "dagster/partition" in parent.tags else "")
-        print(f"[flywheel] profile={profile} home={home}: re-executing {what} (run {parent.run_id[:8]}) from failure", flush=True)
+        what = parent.job_name + (
+            f" partition {parent.tags['dagster/partition']}" if "dagster/partition" in parent.tags else ""
+        )
+        print(
+            f"[flywheel] profile={profile} home={home}: re-executing {what} (run {parent.run_id[:8]}) from failure",
+            flush=True,
+        )
         result = reexecute_from_failure(instance, parent, tags)
         if not result.success:
             raise SystemExit(failure_message(result, what))
         runs = flywheel_runs(instance)
-    if not any(r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in runs):  # 3b. foundation, then rounds
-        print(f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True)
-        result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance, run_config=CONSOLE, tags=tags, raise_on_error=False)
+    if not any(
+        r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in runs
+    ):  # 3b. foundation, then rounds
+        print(
+            f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True
+        )
+        result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(
+            instance=instance, run_config=CONSOLE, tags=tags, raise_on_error=False
+        )
         if not result.success:
             raise SystemExit(failure_message(result, FOUNDATION_JOB))
     done = rounds_of(runs, RL_ROUND_JOB)
@@ -108,7 +135,9 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
         key = str(next_round(instance))
         instance.add_dynamic_partitions(rl_rounds.name, [key])
         print(f"[flywheel] RL round {key} ({cfg.rl.steps_per_round} steps)", flush=True)
-        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key=key, run_config=CONSOLE, tags=tags, raise_on_error=False)
+        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(
+            instance=instance, partition_key=key, run_config=CONSOLE, tags=tags, raise_on_error=False
+        )
         if not result.success:
             raise SystemExit(failure_message(result, f"{RL_ROUND_JOB} partition {key}"))
         done.append(key)
@@ -117,22 +146,42 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     tracker = resources_for(cfg, overrides)["tracker"]
     champion = tracker.version_by_alias("champion")
     final = rounds[-1] if rounds else sft_scores
-    final_scores, sft_per_task = (tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores))
+    final_scores, sft_per_task = (
+        tracker.load_json(s["mlflow_run_id"], "per_task_scores.json") for s in (final, sft_scores)
+    )
     gain = paired_difference(final_scores, sft_per_task, cfg.benchmark.confidence)
     bench_tasks = defs.load_asset_value("benchmark_tasks", instance=instance)
-    bench_tasks = bench_tasks[~bench_tasks["split"].isin(list(cfg.benchmark.suites))]  # suites are reported apart, never in the gain
+    bench_tasks = bench_tasks[
+        ~bench_tasks["split"].isin(list(cfg.benchmark.suites))
+    ]  # suites are reported apart, never in the gain
     family_of = dict(zip(bench_tasks["task_id"], bench_tasks["family"]))
-    level_of = {t: f"{f} level_{int(lv)}" for t, f, lv in zip(bench_tasks["task_id"], bench_tasks["family"], bench_tasks["level"])}
-    outcome = {"sft": sft_scores, "rounds": rounds, "gain": gain, "gains": paired_by(family_of, final_scores, sft_per_task, cfg.benchmark.confidence),
-               "level_gains": paired_by(level_of, final_scores, sft_per_task, cfg.benchmark.confidence),
-               "minutes": (time.perf_counter() - started) / 60, "peak_rss_gb": peak_rss_gb(), "home": str(home), "cfg": cfg,
-               "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})" if champion else "none"}
+    level_of = {
+        t: f"{f} level_{int(lv)}"
+        for t, f, lv in zip(bench_tasks["task_id"], bench_tasks["family"], bench_tasks["level"])
+    }
+    outcome = {
+        "sft": sft_scores,
+        "rounds": rounds,
+        "gain": gain,
+        "gains": paired_by(family_of, final_scores, sft_per_task, cfg.benchmark.confidence),
+        "level_gains": paired_by(level_of, final_scores, sft_per_task, cfg.benchmark.confidence),
+        "minutes": (time.perf_counter() - started) / 60,
+        "peak_rss_gb": peak_rss_gb(),
+        "home": str(home),
+        "cfg": cfg,
+        "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})"
+        if champion
+        else "none",
+    }
     if cfg.benchmark.include_base:  # SFT's gain over the pretrained model it started from
         base = defs.load_asset_value("base_benchmark_scores", instance=instance)
         base_per_task = tracker.load_json(base["mlflow_run_id"], "per_task_scores.json")
-        outcome.update(base=base, base_gain=paired_difference(sft_per_task, base_per_task, cfg.benchmark.confidence),
-                       base_gains=paired_by(family_of, sft_per_task, base_per_task, cfg.benchmark.confidence),
-                       base_level_gains=paired_by(level_of, sft_per_task, base_per_task, cfg.benchmark.confidence))
+        outcome.update(
+            base=base,
+            base_gain=paired_difference(sft_per_task, base_per_task, cfg.benchmark.confidence),
+            base_gains=paired_by(family_of, sft_per_task, base_per_task, cfg.benchmark.confidence),
+            base_level_gains=paired_by(level_of, sft_per_task, base_per_task, cfg.benchmark.confidence),
+        )
     return outcome
 
 
@@ -144,13 +193,20 @@ def peak_rss_gb() -> float:
     return max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
 
 
-def paired_by(group_of: dict[str, str], after: dict[str, float], before: dict[str, float], confidence: float) -> dict[str, tuple]:
+def paired_by(
+    group_of: dict[str, str], after: dict[str, float], before: dict[str, float], confidence: float
+) -> dict[str, tuple]:
     """paired_difference(after - before) within each group of tasks (a family, a family's level)."""
     from training.evaluate import paired_difference
 
-    return {group: paired_difference({t: s for t, s in after.items() if group_of[t] == group},
-                                     {t: s for t, s in before.items() if group_of[t] == group}, confidence)
-            for group in sorted(set(group_of.values()))}
+    return {
+        group: paired_difference(
+            {t: s for t, s in after.items() if group_of[t] == group},
+            {t: s for t, s in before.items() if group_of[t] == group},
+            confidence,
+        )
+        for group in sorted(set(group_of.values()))
+    }
 
 
 def flywheel_runs(instance) -> list:
@@ -166,7 +222,11 @@ def rounds_of(runs: list, job_name: str) -> list[str]:
     after a failure counts once)."""
     from dagster import DagsterRunStatus
 
-    keys = [r.tags["dagster/partition"] for r in reversed(runs) if r.job_name == job_name and r.status == DagsterRunStatus.SUCCESS]
+    keys = [
+        r.tags["dagster/partition"]
+        for r in reversed(runs)
+        if r.job_name == job_name and r.status == DagsterRunStatus.SUCCESS
+    ]
     return list(dict.fromkeys(keys))
 
 
@@ -182,7 +242,9 @@ def fail_dead_runs(instance) -> list[str]:
         pid = run.tags.get(PID_TAG)
         if pid is None or run.tags.get(HOST_TAG) != socket.gethostname() or _alive(int(pid)):
             continue
-        instance.report_run_failed(run, message=f"the process running it (pid {pid} on {run.tags[HOST_TAG]}) is gone: killed or crashed")
+        instance.report_run_failed(
+            run, message=f"the process running it (pid {pid} on {run.tags[HOST_TAG]}) is gone: killed or crashed"
+        )
         failed.append(run.run_id)
     return failed
 
@@ -206,8 +268,13 @@ def reexecute_from_failure(instance, parent, tags: dict):
     from pipelines import definitions
 
     job = definitions.foundation_job if parent.job_name == definitions.FOUNDATION_JOB else definitions.rl_round_job
-    return execute_job(reconstructable(job), instance, run_config=CONSOLE, tags={**{k: v for k, v in parent.tags.items() if not k.endswith("_run_id")}, **tags},
-                       reexecution_options=ReexecutionOptions.from_failure(parent.run_id, instance))
+    return execute_job(
+        reconstructable(job),
+        instance,
+        run_config=CONSOLE,
+        tags={**{k: v for k, v in parent.tags.items() if not k.endswith("_run_id")}, **tags},
+        reexecution_options=ReexecutionOptions.from_failure(parent.run_id, instance),
+    )
 
 
 def failure_message(result, what: str) -> str:
@@ -219,7 +286,9 @@ def failure_message(result, what: str) -> str:
         elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.passed:
             evaluation = event.event_specific_data
             details = "\n".join(f"    {line}" for line in (evaluation.description or "").splitlines())
-            lines.append(f"  check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed:\n{details}")
+            lines.append(
+                f"  check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed:\n{details}"
+            )
     return "\n".join(lines)
 
 
@@ -228,26 +297,59 @@ def report(outcome: dict) -> str:
     final = rounds[-1] if rounds else sft
     cfg, home = outcome["cfg"], outcome["home"]
     ks = [k for k in cfg.benchmark.pass_at_k if f"pass_at_{k}" in final]
-    rows = [("checkpoint", "version", "pass@1 (sampled) [95% CI]", *(f"pass@{k} [95% CI]" for k in ks), "greedy", "tool-call rate", "gate")]
-    checkpoints = ([("base (zero-shot)", outcome["base"])] if "base" in outcome else []) + [("SFT", sft)] \
+    rows = [
+        (
+            "checkpoint",
+            "version",
+            "pass@1 (sampled) [95% CI]",
+            *(f"pass@{k} [95% CI]" for k in ks),
+            "greedy",
+            "tool-call rate",
+            "gate",
+        )
+    ]
+    checkpoints = (
+        ([("base (zero-shot)", outcome["base"])] if "base" in outcome else [])
+        + [("SFT", sft)]
         + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]
+    )
     for label, s in checkpoints:
         gate = ("promoted" if s["promoted"] else "not promoted") if "promoted" in s else "not registered"
-        rows.append((label, s.get("version", "-"), _with_ci(s, "pass_at_1"), *(_with_ci(s, f"pass_at_{k}") for k in ks),
-                     f"{s['greedy_pass_at_1']:.3f}", f"{s['tool_call_rate']:.2f}", gate))
+        rows.append(
+            (
+                label,
+                s.get("version", "-"),
+                _with_ci(s, "pass_at_1"),
+                *(_with_ci(s, f"pass_at_{k}") for k in ks),
+                f"{s['greedy_pass_at_1']:.3f}",
+                f"{s['tool_call_rate']:.2f}",
+                gate,
+            )
+        )
     table = _columns(rows)
     tracking = cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow.db"
-    return "\n".join([
-        "", table, "",
-        "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min, peak RSS {:.1f} GB".format(
-            *outcome["gain"], outcome["minutes"], outcome.get("peak_rss_gb", float("nan"))),
-        *(["SFT - base pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI)".format(*outcome["base_gain"])] if "base_gain" in outcome else []),
-        "", group_table(outcome), "",
-        *([suite_table(cfg.benchmark.suites, checkpoints), ""] if cfg.benchmark.suites else []),
-        f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
-        f"MLflow:   {tracking}   (make mlflow-ui, then http://localhost:5000)",
-        f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",
-    ])
+    return "\n".join(
+        [
+            "",
+            table,
+            "",
+            "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min, peak RSS {:.1f} GB".format(
+                *outcome["gain"], outcome["minutes"], outcome.get("peak_rss_gb", float("nan"))
+            ),
+            *(
+                ["SFT - base pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI)".format(*outcome["base_gain"])]
+                if "base_gain" in outcome
+                else []
+            ),
+            "",
+            group_table(outcome),
+            "",
+            *([suite_table(cfg.benchmark.suites, checkpoints), ""] if cfg.benchmark.suites else []),
+            f"champion: {cfg.tracking.registered_model}@champion -> {outcome['champion']}",
+            f"MLflow:   {tracking}   (make mlflow-ui, then http://localhost:5000)",
+            f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",
+        ]
+    )
 
 
 def _with_ci(s: dict, metric: str) -> str:
@@ -267,7 +369,16 @@ def suite_table(suites: dict, checkpoints: list[tuple[str, dict]]) -> str:
         for label, s in checkpoints:
             if f"{name}.pass_at_1" in s:
                 at_k = ", ".join(f"@{k} {_with_ci(s, f'{name}.pass_at_{k}')}" for k in suite.pass_at_k) or "-"
-                rows.append((name, label, _with_ci(s, f"{name}.pass_at_1"), at_k, f"{s[f'{name}.num_tasks']:.0f}", f"{s[f'{name}.over_budget']:.0f}"))
+                rows.append(
+                    (
+                        name,
+                        label,
+                        _with_ci(s, f"{name}.pass_at_1"),
+                        at_k,
+                        f"{s[f'{name}.num_tasks']:.0f}",
+                        f"{s[f'{name}.over_budget']:.0f}",
+                    )
+                )
     return _columns(rows)
 
 
@@ -275,14 +386,35 @@ def group_table(outcome: dict) -> str:
     """pass@1 by family and by family level for each checkpoint, with the paired gains (95% CI)."""
     sft, final = outcome["sft"], (outcome["rounds"] or [outcome["sft"]])[-1]
     base = outcome.get("base")
-    head = ["tasks"] + (["base"] if base else []) + ["SFT", "final", "tool calls SFT -> final"] + (["SFT - base"] if base else []) + ["final - SFT"]
+    head = (
+        ["tasks"]
+        + (["base"] if base else [])
+        + ["SFT", "final", "tool calls SFT -> final"]
+        + (["SFT - base"] if base else [])
+        + ["final - SFT"]
+    )
     rows = [head]
     for group, (d, lo, hi) in {**outcome["gains"], **outcome["level_gains"]}.items():
         key = group.replace(" ", "/")
-        rows.append([group] + ([f"{base[key + '/pass_at_1']:.3f}"] if base else []) + [f"{sft[key + '/pass_at_1']:.3f}", f"{final[key + '/pass_at_1']:.3f}",
-                     f"{sft[key + '/tool_call_rate']:.2f} -> {final[key + '/tool_call_rate']:.2f}"]
-                    + (["{:+.3f} [{:+.3f}, {:+.3f}]".format(*outcome["base_gains"].get(group) or outcome["base_level_gains"][group])] if base else [])
-                    + [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"])
+        rows.append(
+            [group]
+            + ([f"{base[key + '/pass_at_1']:.3f}"] if base else [])
+            + [
+                f"{sft[key + '/pass_at_1']:.3f}",
+                f"{final[key + '/pass_at_1']:.3f}",
+                f"{sft[key + '/tool_call_rate']:.2f} -> {final[key + '/tool_call_rate']:.2f}",
+            ]
+            + (
+                [
+                    "{:+.3f} [{:+.3f}, {:+.3f}]".format(
+                        *outcome["base_gains"].get(group) or outcome["base_level_gains"][group]
+                    )
+                ]
+                if base
+                else []
+            )
+            + [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -291,9 +423,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default=os.environ.get("FLYWHEEL_PROFILE", "tiny"))
     parser.add_argument("--seed", type=int, help="seeds task generation, model init, SFT and RL")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a profile value")
-    parser.add_argument("--resume", action="store_true", help="continue the last flywheel: re-execute its failed or killed run from "
-                        "failure, then run the rounds it had left (its own profile and overrides)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a profile value"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the last flywheel: re-execute its failed or killed run from "
+        "failure, then run the rounds it had left (its own profile and overrides)",
+    )
     args = parser.parse_args(argv)
     try:
         overrides = dict(parse_override(o) for o in args.set)
@@ -304,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[flywheel] {exc}", file=sys.stderr)
         return 2
     print(report(outcome))
-    Path(outcome["home"], "last_run.json").write_text(json.dumps({k: v for k, v in outcome.items() if k != "cfg"}, indent=1, default=str))
+    Path(outcome["home"], "last_run.json").write_text(
+        json.dumps({k: v for k, v in outcome.items() if k != "cfg"}, indent=1, default=str)
+    )
     return 0
 
 

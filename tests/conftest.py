@@ -54,7 +54,9 @@ def split_policy(micro_cfg, sandbox):
     from training.warm_start import warm_started_policy
 
     # a short system prompt: the micro tokenizer spends a token on every few characters
-    cfg = micro_cfg.model_copy(update={"rollout": micro_cfg.rollout.model_copy(update={"system_prompt": "Answer in <answer></answer>."})})
+    cfg = micro_cfg.model_copy(
+        update={"rollout": micro_cfg.rollout.model_copy(update={"system_prompt": "Answer in <answer></answer>."})}
+    )
     return warm_started_policy(cfg, sandbox, sft_steps=300, tags_as_tokens=False)
 
 
@@ -72,8 +74,11 @@ def smollm2_folder():
 
     name = "smollm2-135m-instruct"
     if not (model_cache_dir() / KNOWN_GGUF[name][0]).is_file():
-        subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "fetch_model.py"), name],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "fetch_model.py"), name],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return Path(resolve_pretrained(name))
 
 
@@ -83,8 +88,14 @@ SMOL_SYSTEM_PROMPT = "You solve tasks with tools. Tools: {tools}. Use a tool whe
 def smol_overrides() -> dict:
     """The micro profile on the real SmolLM2-135M-Instruct: its tokenizer, chat template and a
     system prompt, with budgets a 135M model can fill in seconds on 2 cores."""
-    return {"model.source": "pretrained", "model.name_or_path": "smollm2-135m-instruct", "rollout.system_prompt": SMOL_SYSTEM_PROMPT,
-            "rollout.max_total_tokens": 320, "rollout.max_new_tokens_per_turn": 32, "rollout.max_observation_tokens": 64}
+    return {
+        "model.source": "pretrained",
+        "model.name_or_path": "smollm2-135m-instruct",
+        "rollout.system_prompt": SMOL_SYSTEM_PROMPT,
+        "rollout.max_total_tokens": 320,
+        "rollout.max_new_tokens_per_turn": 32,
+        "rollout.max_observation_tokens": 64,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -94,9 +105,19 @@ def smol_policy(sandbox, smollm2_folder):
     from configs import load_profile
     from training.warm_start import warm_started_policy
 
-    cfg = load_profile("micro", {**smol_overrides(), "data.families.search.train_tasks": 1, "data.families.code.train_tasks": 1,
-                                 "teacher.arithmetic.p_direct": 0.0, "sft.batch_size": 8, "sft.learning_rate": 2e-4, "sft.warmup_steps": 2,
-                                 "engine.precision": "bf16"})  # the SFT under autocast; the policy's log-probs are then compared in fp32
+    cfg = load_profile(
+        "micro",
+        {
+            **smol_overrides(),
+            "data.families.search.train_tasks": 1,
+            "data.families.code.train_tasks": 1,
+            "teacher.arithmetic.p_direct": 0.0,
+            "sft.batch_size": 8,
+            "sft.learning_rate": 2e-4,
+            "sft.warmup_steps": 2,
+            "engine.precision": "bf16",
+        },
+    )  # the SFT under autocast; the policy's log-probs are then compared in fp32
     return warm_started_policy(cfg, sandbox, sft_steps=16)
 
 

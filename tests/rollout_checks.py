@@ -25,7 +25,9 @@ class RecordingEngine:
 
     def generate(self, sequences, budgets, **kwargs):
         out = self.inner.generate(sequences, budgets, **kwargs)
-        self.calls.append(([list(s) for s in sequences], budgets, [Generation(list(g.ids), list(g.logprobs)) for g in out]))
+        self.calls.append(
+            ([list(s) for s in sequences], budgets, [Generation(list(g.ids), list(g.logprobs)) for g in out])
+        )
         self.turns += [(list(s), Generation(list(g.ids), list(g.logprobs))) for s, g in zip(sequences, out)]
         return out
 
@@ -53,7 +55,9 @@ class RecordingEngine:
         pass
 
 
-def check_token_exact(inner_engine, policy, family: str, cfg, tmp_path, bound: float, *, tasks=None, group_size: int = 4) -> list:
+def check_token_exact(
+    inner_engine, policy, family: str, cfg, tmp_path, bound: float, *, tasks=None, group_size: int = 4
+) -> list:
     """(a) completion ids = what the engine sampled + the tokenized observations, in order;
     (b) tool_mask is 1 exactly on sampled ids; (c) the trainer's log-probs of the recorded
     tokens match the engine's within `bound`; (d) ids survive Parquet storage; (e) a turn ends at
@@ -65,7 +69,15 @@ def check_token_exact(inner_engine, policy, family: str, cfg, tmp_path, bound: f
     tok = policy.tokenizer
     engine = RecordingEngine(inner_engine)
     tasks = tasks if tasks is not None else [t for t in policy.tasks if t["family"] == family][:8]
-    episodes = run_episodes(engine, tok, tasks, group_size=group_size, tools=policy.tools, cfg=cfg, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        engine,
+        tok,
+        tasks,
+        group_size=group_size,
+        tools=policy.tools,
+        cfg=cfg,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert sum(len(e.tool_calls) for e in episodes) > 0, f"the warm-started policy made no {family} tool call"
     # (a) replay: each turn of each episode must be one engine answer, given exactly the recorded
     # history (each answer used once), followed by exactly the tokenized observation
@@ -74,8 +86,17 @@ def check_token_exact(inner_engine, policy, family: str, cfg, tmp_path, bound: f
         ids, mask, logprobs = [], [], []
         for k in range(e.turns):
             history = e.prompt_ids + ids
-            match = next((t for t in unused if t[0] == history and e.completion_ids[len(ids): len(ids) + len(t[1].ids)] == t[1].ids), None)
-            assert match is not None, f"turn {k} of {e.group_id}/{e.sample_index} is not what the engine sampled for that history"
+            match = next(
+                (
+                    t
+                    for t in unused
+                    if t[0] == history and e.completion_ids[len(ids) : len(ids) + len(t[1].ids)] == t[1].ids
+                ),
+                None,
+            )
+            assert match is not None, (
+                f"turn {k} of {e.group_id}/{e.sample_index} is not what the engine sampled for that history"
+            )
             unused.remove(match)
             gen = match[1]
             # (e) nothing sampled after the token that completed the turn's first stop
@@ -83,7 +104,9 @@ def check_token_exact(inner_engine, policy, family: str, cfg, tmp_path, bound: f
                 text = tok.decode(gen.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                 stop = first_stop(text)
                 if stop is not None:
-                    before = len(tok.decode(gen.ids[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+                    before = len(
+                        tok.decode(gen.ids[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                    )
                     assert stop[1] > before, f"turn {k} of {e.group_id} ran past {stop[0]!r}: {text!r}"
             ids += gen.ids
             mask += [1] * len(gen.ids)

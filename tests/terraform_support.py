@@ -26,7 +26,9 @@ PLUGIN_DIR = Path(os.environ.get("TF_PLUGIN_DIR", "/opt/tf-plugins"))
 
 # Plain Python values: strings without their quotes, nested blocks as lists of dicts without
 # round-trip markers, heredocs as text. Expressions stay strings such as "${var.gpu_max_nodes}".
-PLAIN = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False, preserve_heredocs=False)
+PLAIN = hcl2.SerializationOptions(
+    strip_string_quotes=True, explicit_blocks=False, with_comments=False, preserve_heredocs=False
+)
 
 needs_terraform = pytest.mark.skipif(shutil.which("terraform") is None, reason="the terraform CLI is not installed")
 
@@ -130,7 +132,7 @@ def hcl_literal(value) -> str:
 def substitute(condition: str, values: dict) -> str:
     expression = condition.removeprefix("${").removesuffix("}")
     for name, value in values.items():
-        expression = re.sub(rf"\bvar\.{name}\b", lambda _: hcl_literal(value), expression)
+        expression = re.sub(rf"\bvar\.{name}\b", lambda _, value=value: hcl_literal(value), expression)
     assert "var." not in expression, f"unsubstituted variable in {expression}"
     return expression
 
@@ -139,8 +141,15 @@ def evaluate(conditions: list[str], cwd: Path) -> list[str]:
     """Evaluates boolean HCL expressions in one `terraform console` run: "true", "false" or "error"
     (a condition that fails to evaluate rejects the value, as in a real plan)."""
     wrapped = ", ".join(f'try(({c}) ? "true" : "false", "error")' for c in conditions)
-    done = subprocess.run(["terraform", "console"], input=f"[{wrapped}]\n", cwd=cwd, env=terraform_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["terraform", "console"],
+        input=f"[{wrapped}]\n",
+        cwd=cwd,
+        env=terraform_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     results = re.findall(r'"(true|false|error)"', done.stdout)
     assert len(results) == len(conditions), done.stdout
@@ -187,12 +196,22 @@ def validate(directory: Path, workdir: Path) -> subprocess.CompletedProcess:
     if missing:
         pytest.skip(f"providers not in {PLUGIN_DIR}: {', '.join(missing)} (terraform validate would download them)")
     copy_root = workdir / "terraform"
-    shutil.copytree(TERRAFORM_DIR, copy_root, ignore=shutil.ignore_patterns(".terraform", "*.tfstate*", ".terraform.lock.hcl"))
+    shutil.copytree(
+        TERRAFORM_DIR, copy_root, ignore=shutil.ignore_patterns(".terraform", "*.tfstate*", ".terraform.lock.hcl")
+    )
     target = copy_root / directory.resolve().relative_to(TERRAFORM_DIR)
-    init = subprocess.run(["terraform", "init", "-backend=false", "-input=false", f"-plugin-dir={PLUGIN_DIR}"], cwd=target,
-                          env=terraform_env(), capture_output=True, text=True, timeout=300)
+    init = subprocess.run(
+        ["terraform", "init", "-backend=false", "-input=false", f"-plugin-dir={PLUGIN_DIR}"],
+        cwd=target,
+        env=terraform_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert init.returncode == 0, f"terraform init in {directory}:\n{init.stdout}{init.stderr}"
-    return subprocess.run(["terraform", "validate", "-json"], cwd=target, env=terraform_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["terraform", "validate", "-json"], cwd=target, env=terraform_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 class Validations:
@@ -213,8 +232,11 @@ class Validations:
         """`variable` of `module_name` with `value` passes every validation it has (or not)."""
         validations = self.modules[module_name].variables[variable].get("validation", [])
         assert validations, f"{module_name}: variable {variable} has no validation"
-        self.expect_conditions(label or f"{module_name}.{variable}={value!r}",
-                               [(v["condition"], {variable: value}) for v in validations], accepted)
+        self.expect_conditions(
+            label or f"{module_name}.{variable}={value!r}",
+            [(v["condition"], {variable: value}) for v in validations],
+            accepted,
+        )
 
     def cases(self, cases: list[tuple[str, str, object, bool]]) -> None:
         for module_name, variable, value, accepted in cases:
@@ -229,6 +251,9 @@ class Validations:
 
     def check(self, workdir: Path) -> None:
         results = evaluate(self.conditions, workdir)
-        wrong = [f"{label}: expected {'accepted' if accepted else 'rejected'}, got {result}"
-                 for (label, accepted), result in zip(self.expectations, results) if (result == "true") != accepted]
+        wrong = [
+            f"{label}: expected {'accepted' if accepted else 'rejected'}, got {result}"
+            for (label, accepted), result in zip(self.expectations, results)
+            if (result == "true") != accepted
+        ]
         assert not wrong, "\n".join(wrong)

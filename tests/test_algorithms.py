@@ -12,8 +12,19 @@ from configs.schema import RewardConfig, RLConfig
 from environments.tools import CodeInterpreter, toolbox
 from training.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
 from training.model import build_model
-from training.rl_loop import (Sample, _first_spread_groups, informative_groups, on_policy_metrics, policy_loss_fn, prepare_samples,
-                              recorded_logprobs, reuses_update_logprobs, run_update, token_rewards, train_round)
+from training.rl_loop import (
+    Sample,
+    _first_spread_groups,
+    informative_groups,
+    on_policy_metrics,
+    policy_loss_fn,
+    prepare_samples,
+    recorded_logprobs,
+    reuses_update_logprobs,
+    run_update,
+    token_rewards,
+    train_round,
+)
 from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, gspo_loss, kl_penalty, ppo_clip_loss
 from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
@@ -31,7 +42,12 @@ def test_every_preset_resolves(name):
 
 def test_explicit_fields_override_the_preset():
     algo = resolve_algorithm(RLConfig(algorithm="dapo", loss_agg_mode="seq_mean_token_mean", kl_coef=0.05))
-    assert (algo.loss_agg_mode, algo.kl_coef, algo.clip_high, algo.dynamic_sampling) == ("seq_mean_token_mean", 0.05, 0.28, True)
+    assert (algo.loss_agg_mode, algo.kl_coef, algo.clip_high, algo.dynamic_sampling) == (
+        "seq_mean_token_mean",
+        0.05,
+        0.28,
+        True,
+    )
     # the critic follows the estimator, whatever the preset
     assert resolve_algorithm(RLConfig(algorithm="grpo", advantage_estimator="gae")).critic
     assert not resolve_algorithm(RLConfig(algorithm="ppo", advantage_estimator="rloo")).critic
@@ -56,7 +72,11 @@ def test_bound_defaults_are_verls_everywhere():
 
     assert {k: getattr(RLConfig(), k) for k in BOUND_DEFAULTS} == BOUND_DEFAULTS
     assert {f.name: f.default for f in dataclasses.fields(Algorithm) if f.name in BOUND_DEFAULTS} == BOUND_DEFAULTS
-    params = {**inspect.signature(ppo_clip_loss).parameters, **inspect.signature(gspo_loss).parameters, **inspect.signature(kl_penalty).parameters}
+    params = {
+        **inspect.signature(ppo_clip_loss).parameters,
+        **inspect.signature(gspo_loss).parameters,
+        **inspect.signature(kl_penalty).parameters,
+    }
     assert {k: params[k].default for k in BOUND_DEFAULTS} == BOUND_DEFAULTS
     for name in ALGORITHMS.names():  # the same for every preset, whatever it overrides
         algo = resolve_algorithm(RLConfig(algorithm=name))
@@ -67,12 +87,19 @@ def test_bound_defaults_are_verls_everywhere():
 
 
 @pytest.mark.integrity
-@pytest.mark.parametrize("field, bad, reason", [
-    ("k3_clamp", 0, "greater than 0"),
-    ("clip_ratio_c", 1.0, "greater than 1"),   # verl asserts clip_ratio_c > 1: at 1 every A < 0 token would be capped
-    ("seq_log_ratio_max", 0, "greater than 0"),
-    ("seq_log_ratio_max", 25, "less than or equal to 20"),  # rl_math.LOG_RATIO_CLAMP, the finite-exp guard
-])
+@pytest.mark.parametrize(
+    "field, bad, reason",
+    [
+        ("k3_clamp", 0, "greater than 0"),
+        (
+            "clip_ratio_c",
+            1.0,
+            "greater than 1",
+        ),  # verl asserts clip_ratio_c > 1: at 1 every A < 0 token would be capped
+        ("seq_log_ratio_max", 0, "greater than 0"),
+        ("seq_log_ratio_max", 25, "less than or equal to 20"),  # rl_math.LOG_RATIO_CLAMP, the finite-exp guard
+    ],
+)
 def test_bounds_are_validated_at_load_time_naming_the_field(field, bad, reason):
     with pytest.raises(ConfigError) as err:
         load_profile("tiny", {f"rl.{field}": bad})
@@ -80,29 +107,47 @@ def test_bounds_are_validated_at_load_time_naming_the_field(field, bad, reason):
 
 
 @pytest.mark.integrity
-@pytest.mark.parametrize("algorithm, bounds, policy, kl", [
-    # 3 tokens, A = -1, V = 4 uniform logits: logp = -ln 4; old = logp - ln 5 (r = 5); ref = logp + 3, so
-    # k3 = e^3 - 3 - 1 = 16.0855. kl_coef .5, token mean over 3 tokens. loss = policy + .5 * kl.
-    ("grpo", {}, 3.0, 10.0),                                          # dual-clip -A*3 = 3; k3 clamped at 10: 3 + 5 = 8
-    ("grpo", {"clip_ratio_c": 2.5, "k3_clamp": 4.0}, 2.5, 4.0),       # 2.5 + 2 = 4.5
-    ("grpo", {"clip_ratio_c": None, "k3_clamp": None}, 5.0, math.exp(3) - 4),  # both off (the old behaviour): -A r = 5; 5 + 8.0428 = 13.0428
-    # GSPO: s = exp(mean log r) = 5; a cap of 1 gives s = e (dual-clip off), A = -1: loss e per token
-    ("gspo", {"clip_ratio_c": None, "seq_log_ratio_max": 1.0}, math.e, 10.0),
-    ("gspo", {"clip_ratio_c": None}, 5.0, 10.0),                      # the default cap (10) does not bind at ln 5
-])
+@pytest.mark.parametrize(
+    "algorithm, bounds, policy, kl",
+    [
+        # 3 tokens, A = -1, V = 4 uniform logits: logp = -ln 4; old = logp - ln 5 (r = 5); ref = logp + 3, so
+        # k3 = e^3 - 3 - 1 = 16.0855. kl_coef .5, token mean over 3 tokens. loss = policy + .5 * kl.
+        ("grpo", {}, 3.0, 10.0),  # dual-clip -A*3 = 3; k3 clamped at 10: 3 + 5 = 8
+        ("grpo", {"clip_ratio_c": 2.5, "k3_clamp": 4.0}, 2.5, 4.0),  # 2.5 + 2 = 4.5
+        (
+            "grpo",
+            {"clip_ratio_c": None, "k3_clamp": None},
+            5.0,
+            math.exp(3) - 4,
+        ),  # both off (the old behaviour): -A r = 5; 5 + 8.0428 = 13.0428
+        # GSPO: s = exp(mean log r) = 5; a cap of 1 gives s = e (dual-clip off), A = -1: loss e per token
+        ("gspo", {"clip_ratio_c": None, "seq_log_ratio_max": 1.0}, math.e, 10.0),
+        ("gspo", {"clip_ratio_c": None}, 5.0, 10.0),  # the default cap (10) does not bind at ln 5
+    ],
+)
 def test_the_bounds_flow_from_the_config_to_the_loss(monkeypatch, algorithm, bounds, policy, kl):
     from types import SimpleNamespace
 
     import training.rl_loop as rl_loop
 
     # uniform logits over 4 tokens: every log-prob is -log 4 and every entropy log 4
-    monkeypatch.setattr(rl_loop, "completion_logprobs", lambda module, batch, temperature, **kw: (
-        torch.full(batch.completion_ids.shape, -math.log(4)), torch.full(batch.completion_ids.shape, math.log(4))))
+    monkeypatch.setattr(
+        rl_loop,
+        "completion_logprobs",
+        lambda module, batch, temperature, **kw: (
+            torch.full(batch.completion_ids.shape, -math.log(4)),
+            torch.full(batch.completion_ids.shape, math.log(4)),
+        ),
+    )
     logp = -math.log(4)
     record = {"prompt_ids": [5, 6], "completion_ids": [0, 1, 2], "tool_mask": [1, 1, 1], "logprobs": [logp] * 3}
     sample = Sample(record, [-1.0] * 3, [logp - math.log(5)] * 3, ref_logprobs=[logp + 3.0] * 3)
-    algo = resolve_algorithm(RLConfig(algorithm=algorithm, kl_coef=0.5, kl_estimator="k3", kl_placement="loss", **bounds))
-    loss_fn = policy_loss_fn(SimpleNamespace(module=None, device=torch.device("cpu")), algo, temperature=1.0, pad_id=0, max_tokens=8)
+    algo = resolve_algorithm(
+        RLConfig(algorithm=algorithm, kl_coef=0.5, kl_estimator="k3", kl_placement="loss", **bounds)
+    )
+    loss_fn = policy_loss_fn(
+        SimpleNamespace(module=None, device=torch.device("cpu")), algo, temperature=1.0, pad_id=0, max_tokens=8
+    )
     loss, out = loss_fn([sample], torch.tensor([3.0, 1.0]))
     assert out["loss/policy"] == pytest.approx(policy, rel=1e-5) and out["loss/kl"] == pytest.approx(kl, rel=1e-5)
     assert loss.item() == pytest.approx(policy + 0.5 * kl, rel=1e-5)
@@ -155,7 +200,16 @@ def test_token_rewards_by_hand():
 def test_dynamic_sampling_keeps_the_first_groups_with_spread():
     records = [{"group_id": g} for g in "aabbccdd"]
     scores = [{"reward": r} for r in (1, 1, 0, 1, 0, 0, 1, 0)]
-    assert informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records]).tolist() == [False, False, True, True, False, False, True, True]
+    assert informative_groups([s["reward"] for s in scores], [r["group_id"] for r in records]).tolist() == [
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
     kept, _ = _first_spread_groups(records, scores, 1)
     assert [r["group_id"] for r in kept] == ["b", "b"]
 
@@ -165,7 +219,10 @@ def test_the_outcome_filter_ignores_shaping_only_spread():
     all succeed; under the reward filter both would train (their std-normalized advantages are +-1),
     under the outcome filter only c, whose outcomes differ, does."""
     records = [{"group_id": g} for g in "aabbcc"]
-    scores = [{"reward": r, "outcome": o} for r, o in ((-0.1, 0.0), (-0.2, 0.0), (1.0, 1.0), (0.9, 1.0), (1.0, 1.0), (-0.1, 0.0))]
+    scores = [
+        {"reward": r, "outcome": o}
+        for r, o in ((-0.1, 0.0), (-0.2, 0.0), (1.0, 1.0), (0.9, 1.0), (1.0, 1.0), (-0.1, 0.0))
+    ]
     assert [r["group_id"] for r in _first_spread_groups(records, scores, 3)[0]] == list("aabbcc")
     assert [r["group_id"] for r in _first_spread_groups(records, scores, 3, "outcome")[0]] == ["c", "c"]
     scores[0]["outcome"] = None  # unscorable counts as no success, as the collapse metrics read it
@@ -176,8 +233,15 @@ def test_the_outcome_filter_ignores_shaping_only_spread():
 def rollout_batch(tokenizer_and_tasks, micro_cfg, sandbox):
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=4)
-    episodes = run_episodes(HFEngine(policy), tok, tasks[:3], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout,
-                            generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        HFEngine(policy),
+        tok,
+        tasks[:3],
+        group_size=4,
+        tools=toolbox(CodeInterpreter(sandbox)),
+        cfg=micro_cfg.rollout,
+        generator=torch.Generator().manual_seed(0),
+    )
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
     scores = score_records(records, {t["task_id"]: t for t in tasks}, tok, Cascade(RewardConfig(), sandbox))
     for i, s in enumerate(scores):  # make every group informative, deterministically
@@ -189,33 +253,80 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
     policy, tok, records, scores = rollout_batch
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=5)
     rl = RLConfig(algorithm="rloo", kl_coef=0.5, drop_zero_variance_groups=False)
-    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    samples, metrics = prepare_samples(
+        records,
+        scores,
+        resolve_algorithm(rl),
+        rl,
+        policy=policy,
+        reference=reference,
+        critic=None,
+        temperature=1.0,
+        pad_id=tok.eos_token_id,
+    )
     ref = recorded_logprobs(reference, records, temperature=1.0, pad_id=tok.eos_token_id)
-    old = recorded_logprobs(policy, records, temperature=1.0, pad_id=tok.eos_token_id)  # the trainer's, not the engine's
+    old = recorded_logprobs(
+        policy, records, temperature=1.0, pad_id=tok.eos_token_id
+    )  # the trainer's, not the engine's
     adjusted = []
     for r, s, ref_i, old_i in zip(records, scores, ref, old):
         kl = kl_penalty(torch.tensor(old_i), torch.tensor(ref_i), "k1")
         adjusted.append(s["reward"] - 0.5 * float((kl * torch.tensor(r["tool_mask"])).sum()))
-    expected = get_advantage_estimator("rloo")(torch.tensor(adjusted), torch.tensor([i // 4 for i in range(len(records))]))
+    expected = get_advantage_estimator("rloo")(
+        torch.tensor(adjusted), torch.tensor([i // 4 for i in range(len(records))])
+    )
     torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples]), expected, atol=1e-4, rtol=1e-4)
     assert metrics["actor/kl_ref"] > 0
     # in the loss instead: the advantages are the plain outcome ones
     rl_loss = RLConfig(algorithm="rloo", kl_coef=0.5, kl_placement="loss", drop_zero_variance_groups=False)
-    samples_loss, _ = prepare_samples(records, scores, resolve_algorithm(rl_loss), rl_loss, policy=policy, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
-    plain = get_advantage_estimator("rloo")(torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))]))
+    samples_loss, _ = prepare_samples(
+        records,
+        scores,
+        resolve_algorithm(rl_loss),
+        rl_loss,
+        policy=policy,
+        reference=reference,
+        critic=None,
+        temperature=1.0,
+        pad_id=tok.eos_token_id,
+    )
+    plain = get_advantage_estimator("rloo")(
+        torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))])
+    )
     torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples_loss]), plain)
     assert samples_loss[0].ref_logprobs == pytest.approx(ref[0])
 
 
 def test_without_dynamic_sampling_the_outcome_filter_drops_constant_outcome_groups(rollout_batch):
     policy, tok, records, scores = rollout_batch
-    scores = [dict(s, outcome=1.0 if i < 4 else float(i % 2)) for i, s in enumerate(scores)]  # group 0 all solved, rewards still spread
+    scores = [
+        dict(s, outcome=1.0 if i < 4 else float(i % 2)) for i, s in enumerate(scores)
+    ]  # group 0 all solved, rewards still spread
     rl = RLConfig(algorithm="grpo", kl_coef=0.0, group_filter="outcome")
-    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=None, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    samples, metrics = prepare_samples(
+        records,
+        scores,
+        resolve_algorithm(rl),
+        rl,
+        policy=policy,
+        reference=None,
+        critic=None,
+        temperature=1.0,
+        pad_id=tok.eos_token_id,
+    )
     assert {s.record["group_id"] for s in samples} == {r["group_id"] for r in records[4:]}
     assert metrics["rollout/no_outcome_spread_dropped"] == 4
-    by_reward, _ = prepare_samples(records, scores, resolve_algorithm(RLConfig(algorithm="grpo", kl_coef=0.0)), RLConfig(algorithm="grpo", kl_coef=0.0),
-                                   policy=policy, reference=None, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+    by_reward, _ = prepare_samples(
+        records,
+        scores,
+        resolve_algorithm(RLConfig(algorithm="grpo", kl_coef=0.0)),
+        RLConfig(algorithm="grpo", kl_coef=0.0),
+        policy=policy,
+        reference=None,
+        critic=None,
+        temperature=1.0,
+        pad_id=tok.eos_token_id,
+    )
     assert len(by_reward) == len(records)
 
 
@@ -232,19 +343,43 @@ def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micr
     rl = RLConfig(algorithm="grpo", minibatches=1, drop_zero_variance_groups=False)
     algo = resolve_algorithm(rl)
     assert reuses_update_logprobs(algo, rl)
-    assert not reuses_update_logprobs(algo, rl.model_copy(update={"minibatches": 2}))  # the second minibatch is off-policy
+    assert not reuses_update_logprobs(
+        algo, rl.model_copy(update={"minibatches": 2})
+    )  # the second minibatch is off-policy
     assert not reuses_update_logprobs(algo, rl.model_copy(update={"tis_cap": 2.0}))
-    assert not reuses_update_logprobs(resolve_algorithm(RLConfig(algorithm="rloo")), RLConfig(algorithm="rloo", minibatches=1))  # KL in the reward
+    assert not reuses_update_logprobs(
+        resolve_algorithm(RLConfig(algorithm="rloo")), RLConfig(algorithm="rloo", minibatches=1)
+    )  # KL in the reward
     runs = {}
     for name, cfg in (("reuse", rl), ("recompute", rl.model_copy(update={"minibatches": 2}))):
         model = copy.deepcopy(policy)
-        samples, metrics = prepare_samples(records, scores, algo, cfg, policy=model, reference=reference, critic=None, temperature=1.0, pad_id=tok.eos_token_id)
+        samples, metrics = prepare_samples(
+            records,
+            scores,
+            algo,
+            cfg,
+            policy=model,
+            reference=reference,
+            critic=None,
+            temperature=1.0,
+            pad_id=tok.eos_token_id,
+        )
         engine = build_engine(model, EngineConfig(), lr=1e-2, grad_clip=1.0)
         stats: dict = {}
-        update = run_update(engine, samples, policy_loss_fn(engine, algo, temperature=1.0, pad_id=tok.eos_token_id, max_tokens=256, stats=stats),
-                            minibatches=1, micro_batch_size=None, generator=torch.Generator().manual_seed(0), prefix="actor")
+        update = run_update(
+            engine,
+            samples,
+            policy_loss_fn(engine, algo, temperature=1.0, pad_id=tok.eos_token_id, max_tokens=256, stats=stats),
+            minibatches=1,
+            micro_batch_size=None,
+            generator=torch.Generator().manual_seed(0),
+            prefix="actor",
+        )
         runs[name] = (samples, metrics | on_policy_metrics(stats), update, model)
-    (reuse_samples, reuse_metrics, reuse_update, reuse_model), (old_samples, old_metrics, old_update, old_model) = runs["reuse"], runs["recompute"]
+    (reuse_samples, reuse_metrics, reuse_update, reuse_model), (old_samples, old_metrics, old_update, old_model) = (
+        runs["reuse"],
+        runs["recompute"],
+    )
     assert all(s.old_logprobs is None for s in reuse_samples) and all(s.old_logprobs is not None for s in old_samples)
     assert reuse_update["loss/policy"] == pytest.approx(old_update["loss/policy"], abs=1e-5)
     for a, b in zip(reuse_model.parameters(), old_model.parameters()):
@@ -260,7 +395,17 @@ def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):
 
     policy, tok, records, scores = rollout_batch
     rl = RLConfig(algorithm="ppo", kl_coef=0.0)
-    samples, metrics = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=None, critic=critic_from_policy(policy), temperature=1.0, pad_id=tok.eos_token_id)
+    samples, metrics = prepare_samples(
+        records,
+        scores,
+        resolve_algorithm(rl),
+        rl,
+        policy=policy,
+        reference=None,
+        critic=critic_from_policy(policy),
+        temperature=1.0,
+        pad_id=tok.eos_token_id,
+    )
     assert metrics["critic/values_mean"] == 0.0  # zero-initialized head
     for s in samples:
         assert len(s.advantages) == len(s.record["tool_mask"]) == len(s.returns)
@@ -277,12 +422,29 @@ def test_every_algorithm_runs_a_round(name, tokenizer_and_tasks, micro_cfg, sand
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
     before = [p.detach().clone() for p in policy.parameters()]
-    rl = micro_cfg.rl.model_copy(update={"algorithm": name, "steps_per_round": 2, "prompts_per_step": 3, "group_size": 4})
+    rl = micro_cfg.rl.model_copy(
+        update={"algorithm": name, "steps_per_round": 2, "prompts_per_step": 3, "group_size": 4}
+    )
     algo = resolve_algorithm(rl)
-    reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False) if algo.needs_reference else None
+    reference = (
+        build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False)
+        if algo.needs_reference
+        else None
+    )
     # a shaped reward so that groups have spread even for an untrained model
-    result = train_round(policy, reference, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
-                         cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0)
+    result = train_round(
+        policy,
+        reference,
+        tok,
+        tasks,
+        toolbox(CodeInterpreter(sandbox)),
+        rl=rl,
+        rollout=micro_cfg.rollout,
+        cascade=Cascade(RewardConfig(), sandbox),
+        round_index=1,
+        policy_version="t",
+        seed=0,
+    )
     last = result.history[-1]
     assert [h["step"] for h in result.history] == [1, 2]
     assert all(math.isfinite(v) for h in result.history for v in h.values())
@@ -290,7 +452,9 @@ def test_every_algorithm_runs_a_round(name, tokenizer_and_tasks, micro_cfg, sand
         assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters())), "the policy never moved"
     assert ("critic/value_loss" in last) == (algo.critic and last["rollout/trained_trajectories"] > 0)
     assert ("actor/kl_ref" in last) == algo.needs_reference
-    assert ("loss/kl" in last) == (algo.needs_reference and algo.kl_placement == "loss" and last["rollout/trained_trajectories"] > 0)
+    assert ("loss/kl" in last) == (
+        algo.needs_reference and algo.kl_placement == "loss" and last["rollout/trained_trajectories"] > 0
+    )
     if algo.dynamic_sampling:
         assert last["rollout/sampling_passes"] >= 1
 
@@ -301,13 +465,36 @@ def test_ppo_round_on_the_deepspeed_engine_matches_torch(tokenizer_and_tasks, mi
     from configs.schema import EngineConfig
 
     tok, tasks = tokenizer_and_tasks
-    rl = micro_cfg.rl.model_copy(update={"algorithm": "ppo", "steps_per_round": 2, "prompts_per_step": 3, "group_size": 4, "kl_coef": 0.0,
-                                         "drop_zero_variance_groups": False})
+    rl = micro_cfg.rl.model_copy(
+        update={
+            "algorithm": "ppo",
+            "steps_per_round": 2,
+            "prompts_per_step": 3,
+            "group_size": 4,
+            "kl_coef": 0.0,
+            "drop_zero_variance_groups": False,
+        }
+    )
     finals = {}
-    for label, engine in [("torch", EngineConfig()), ("zero2", EngineConfig(kind="deepspeed", zero_stage=2, micro_batch_size=2))]:
+    for label, engine in [
+        ("torch", EngineConfig()),
+        ("zero2", EngineConfig(kind="deepspeed", zero_stage=2, micro_batch_size=2)),
+    ]:
         policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
-        result = train_round(policy, None, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
-                             cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0, engine_cfg=engine)
+        result = train_round(
+            policy,
+            None,
+            tok,
+            tasks,
+            toolbox(CodeInterpreter(sandbox)),
+            rl=rl,
+            rollout=micro_cfg.rollout,
+            cascade=Cascade(RewardConfig(), sandbox),
+            round_index=1,
+            policy_version="t",
+            seed=0,
+            engine_cfg=engine,
+        )
         finals[label] = (torch.cat([p.detach().flatten() for p in policy.parameters()]), result)
     (a, ra), (b, rb) = finals["torch"], finals["zero2"]
     assert [r["trajectory_id"] for r in ra.rollouts] == [r["trajectory_id"] for r in rb.rollouts]
@@ -321,8 +508,19 @@ def test_ppo_round_on_the_deepspeed_engine_matches_torch(tokenizer_and_tasks, mi
 def test_echo_trap_signals_count_only_unsolved_groups():
     from training.rl_loop import unsolved_group_metrics
 
-    records = [{"group_id": g, "completion_ids": ids} for g, ids in
-               [("solved", [1]), ("solved", [1]), ("echo", [2]), ("echo", [2]), ("mixed", [3]), ("mixed", [4]), ("stuck", [5]), ("stuck", [6])]]
+    records = [
+        {"group_id": g, "completion_ids": ids}
+        for g, ids in [
+            ("solved", [1]),
+            ("solved", [1]),
+            ("echo", [2]),
+            ("echo", [2]),
+            ("mixed", [3]),
+            ("mixed", [4]),
+            ("stuck", [5]),
+            ("stuck", [6]),
+        ]
+    ]
     outcomes = [1, 1, 0, 0, 1, 0, 0, 0]
     scores = [{"outcome": o, "reward": float(o)} for o in outcomes]
     m = unsolved_group_metrics(records, scores)

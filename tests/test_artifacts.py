@@ -13,8 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from assets.artifacts import (MANIFEST, CorruptArtifact, atomic_folder, read_verified_bytes, sidecar, verify_file, verify_folder,
-                              write_bytes)
+from assets.artifacts import (
+    MANIFEST,
+    CorruptArtifact,
+    atomic_folder,
+    read_verified_bytes,
+    sidecar,
+    verify_file,
+    verify_folder,
+    write_bytes,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,14 +68,23 @@ def test_a_replaced_version_is_complete(tmp_path):
     assert verify_folder(target, "ckpt")["files"]["model.safetensors"]["bytes"] == 20
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda f: (f / "model.safetensors").write_bytes(b"\x01" * 100), "model.safetensors has 100 bytes, the manifest says 4096 (truncated?)"),
-    (lambda f: (f / "model.safetensors").write_bytes(b"\x01" * 4095 + b"\x02"), "model.safetensors does not match its sha256"),
-    (lambda f: (f / "sub" / "tokenizer.json").unlink(), "file sub/tokenizer.json is missing"),
-    (lambda f: (f / MANIFEST).unlink(), "no manifest"),
-    (lambda f: (f / MANIFEST).write_text("{not json"), "is not valid JSON"),
-    (lambda f: (f / MANIFEST).write_text(json.dumps({"schema_version": 99, "files": {}})), "schema_version 99"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda f: (f / "model.safetensors").write_bytes(b"\x01" * 100),
+            "model.safetensors has 100 bytes, the manifest says 4096 (truncated?)",
+        ),
+        (
+            lambda f: (f / "model.safetensors").write_bytes(b"\x01" * 4095 + b"\x02"),
+            "model.safetensors does not match its sha256",
+        ),
+        (lambda f: (f / "sub" / "tokenizer.json").unlink(), "file sub/tokenizer.json is missing"),
+        (lambda f: (f / MANIFEST).unlink(), "no manifest"),
+        (lambda f: (f / MANIFEST).write_text("{not json"), "is not valid JSON"),
+        (lambda f: (f / MANIFEST).write_text(json.dumps({"schema_version": 99, "files": {}})), "schema_version 99"),
+    ],
+)
 def test_damage_is_named_with_the_artifact_and_the_file(tmp_path, damage, message):
     target = tmp_path / "rl" / "round-2"
     with atomic_folder(target, "checkpoints/rl/round-2") as staging:
@@ -114,7 +131,9 @@ def test_sigkill_mid_write_never_exposes_a_partial_checkpoint(tmp_path, previous
     if previous:
         with atomic_folder(target, "ckpt") as staging:
             _write_checkpoint(staging, b"v1" * 50)
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(target)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(target)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert writer.stdout.readline().strip() == "writing"
     os.kill(writer.pid, signal.SIGKILL)
     writer.wait(timeout=30)

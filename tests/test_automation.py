@@ -30,9 +30,16 @@ def test_automation_is_listed_and_stopped_by_default():
     assert schedule.default_status.value == "STOPPED"
     sensors = {s.name: s for s in defs.sensors}
     assert set(sensors) == {"task_file_sensor", "new_tasks_round_sensor", "flywheel_automation"}
-    assert sensors["task_file_sensor"].job_name == TASKS_JOB and sensors["new_tasks_round_sensor"].job_name == RL_ROUND_JOB
+    assert (
+        sensors["task_file_sensor"].job_name == TASKS_JOB and sensors["new_tasks_round_sensor"].job_name == RL_ROUND_JOB
+    )
     assert all(s.default_status.value == "STOPPED" for s in sensors.values())
-    assert definitions(**{"orchestration.retrain_cron": "0 */6 * * *"}).resolve_schedule_def("retrain_schedule").cron_schedule == "0 */6 * * *"
+    assert (
+        definitions(**{"orchestration.retrain_cron": "0 */6 * * *"})
+        .resolve_schedule_def("retrain_schedule")
+        .cron_schedule
+        == "0 */6 * * *"
+    )
 
 
 def test_schedule_starts_the_next_round_and_waits_for_a_running_one(instance):
@@ -42,7 +49,9 @@ def test_schedule_starts_the_next_round_and_waits_for_a_running_one(instance):
     instance.add_dynamic_partitions(rl_rounds.name, ["1", "2"])  # rounds 1 and 2 happened
     tick = schedule.evaluate_tick(build_schedule_context(instance=instance, repository_def=repo))
     [request] = tick.run_requests
-    assert request.partition_key == "3" and request.run_key == "round-3" and request.tags["flywheel/trigger"] == "schedule"
+    assert (
+        request.partition_key == "3" and request.run_key == "round-3" and request.tags["flywheel/trigger"] == "schedule"
+    )
     assert "3" in instance.get_dynamic_partitions(rl_rounds.name)
 
     running = create_run_for_test(instance, job_name=RL_ROUND_JOB, status=DagsterRunStatus.STARTED)
@@ -54,7 +63,9 @@ def test_schedule_starts_the_next_round_and_waits_for_a_running_one(instance):
 def test_a_mistyped_round_partition_is_refused_by_name_and_skipped_when_counting(instance):
     assert round_number("12") == 12
     for key in ("round-2", "0", "-1", "2.0", " 3"):
-        with pytest.raises(ValueError, match=rf"rl_round partition '{key}' is not a round number: name round partitions 1, 2, 3"):
+        with pytest.raises(
+            ValueError, match=rf"rl_round partition '{key}' is not a round number: name round partitions 1, 2, 3"
+        ):
             round_number(key)
     instance.add_dynamic_partitions(rl_rounds.name, ["1", "round-2", "2"])  # a name typed in the UI's "Add a partition"
     assert next_round(instance) == 3
@@ -86,7 +97,9 @@ def test_new_tasks_start_a_round_once_none_is_running(instance):
     sensor, repo = {s.name: s for s in defs.sensors}["new_tasks_round_sensor"], defs.get_repository_def()
 
     def tick(cursor):
-        return sensor.evaluate_tick(build_sensor_context(instance=instance, instance_ref=instance.get_ref(), cursor=cursor, repository_def=repo))
+        return sensor.evaluate_tick(
+            build_sensor_context(instance=instance, instance_ref=instance.get_ref(), cursor=cursor, repository_def=repo)
+        )
 
     assert "never been materialized" in tick(None).skip_message
     instance.report_runless_asset_event(AssetMaterialization("training_tasks"))
@@ -113,7 +126,10 @@ def test_heavy_steps_share_the_gpu_pool_and_flaky_steps_retry():
     assert retries["rl_round"].max_retries == 2 and retries["benchmark_scores"].max_retries == 2
     for name in ("foundation", RL_ROUND_JOB, TASKS_JOB):
         assert defs.resolve_job_def(name).tags["dagster/max_runtime"] == str(4 * 3600)
-    assert definitions(**{"orchestration.max_runtime_s": 600}).resolve_job_def(RL_ROUND_JOB).tags["dagster/max_runtime"] == "600"
+    assert (
+        definitions(**{"orchestration.max_runtime_s": 600}).resolve_job_def(RL_ROUND_JOB).tags["dagster/max_runtime"]
+        == "600"
+    )
 
 
 @pytest.mark.parametrize("old", [0, 1])
@@ -125,7 +141,9 @@ def test_local_instance_monitors_and_retries_runs(tmp_path, monkeypatch, old):
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))  # prepare_home sets it; restored after the test
     (tmp_path / "dagster").mkdir()
-    (tmp_path / "dagster" / "dagster.yaml").write_text(OLD_INSTANCE_SETTINGS[old])  # an earlier version's home is upgraded
+    (tmp_path / "dagster" / "dagster.yaml").write_text(
+        OLD_INSTANCE_SETTINGS[old]
+    )  # an earlier version's home is upgraded
     prepare_home(tmp_path)
     assert (tmp_path / "dagster" / "dagster.yaml").read_text() == LOCAL_SETTINGS
     with DagsterInstance.from_config(str(tmp_path / "dagster")) as inst:

@@ -22,10 +22,22 @@ def reward_of(turns, tokens=20, cfg=None, task=TASK):
         (["<code>print(6*7)</code>", "<answer>42</answer>"], 20, 1.0),  # right with one call: -0.1
         (["<answer>41</answer>"], 8, 0.1),  # wrong but well formed
         (["<answer>41</answer><answer>42</answer>"], 8, 0.0),  # hedging: two answers score nothing
-        (["<code>1</code>", "<code>2</code>", "<code>3</code>", "<code>4</code>", "<answer>42</answer>"], 30, 0.8),  # cost capped at 0.3
-        (["<code>print(1)</code>", "<code>print(1)</code>", "<answer>42</answer>"], 20, 0.8),  # consecutive duplicate: -0.1
+        (
+            ["<code>1</code>", "<code>2</code>", "<code>3</code>", "<code>4</code>", "<answer>42</answer>"],
+            30,
+            0.8,
+        ),  # cost capped at 0.3
+        (
+            ["<code>print(1)</code>", "<code>print(1)</code>", "<answer>42</answer>"],
+            20,
+            0.8,
+        ),  # consecutive duplicate: -0.1
         (["<code>print(</code>", "<answer>42</answer>"], 20, 0.9),  # invalid call: -0.1
-        (["<search>x</search>", "<answer>42</answer>"], 20, 0.8),  # a tool that does not exist: not well formed, -0.1 -0.1
+        (
+            ["<search>x</search>", "<answer>42</answer>"],
+            20,
+            0.8,
+        ),  # a tool that does not exist: not well formed, -0.1 -0.1
         (["<answer>42</answer>"], 112, 1.0),  # 16 tokens into the 32-token overlong buffer: -0.5 * 0.2
         (["<answer>42</answer>"], 129, 0.9),  # beyond max_tokens: -1 * 0.2
         (["no tags at all 42"], 8, 0.0),
@@ -56,7 +68,16 @@ def test_composite_is_configured_not_coded():
 
 
 def test_misuse_counts_each_kind():
-    c = Candidate(["<code>print(1)</code>", "<code>print( 1 )</code>", "<code>def</code>", "<browse>x</browse>", "<answer>1</answer>"], 10)
+    c = Candidate(
+        [
+            "<code>print(1)</code>",
+            "<code>print( 1 )</code>",
+            "<code>def</code>",
+            "<browse>x</browse>",
+            "<answer>1</answer>",
+        ],
+        10,
+    )
     assert misuse_counts(c) == {"unknown": 1, "invalid": 1, "duplicate": 0}
     c = Candidate(["<code>print(1)</code>", "<code>print(1)</code>", "<answer>1</answer>"], 10)
     assert misuse_counts(c)["duplicate"] == 1
@@ -70,6 +91,7 @@ def test_overlong_is_dapo_soft_penalty():
 
 
 # ---- defenses -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "turns, why",
@@ -103,7 +125,10 @@ def test_fast_tier_rejects_before_the_verifier_runs():
         return Verdict(1.0 if prediction == task["answer"] else 0.0, "spy")
 
     cascade = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="spy_equals")}))
-    items = [(Candidate([t], 5), TASK) for t in ("<answer>42</answer>", "<answer>1</answer><answer>2</answer>", "<answer> </answer>", "x")]
+    items = [
+        (Candidate([t], 5), TASK)
+        for t in ("<answer>42</answer>", "<answer>1</answer><answer>2</answer>", "<answer> </answer>", "x")
+    ]
     rewards = cascade.score_many(items)
     assert calls == ["42"]
     assert [r.tier for r in rewards] == ["verify", "fast", "fast", "fast"]
@@ -129,7 +154,9 @@ def test_out_of_range_score_is_unscorable():
     def two(prediction, task):
         return Verdict(2.0, "too generous")
 
-    r = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="returns_two")})).score(Candidate(["<answer>1</answer>"], 5), TASK)
+    r = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="returns_two")})).score(
+        Candidate(["<answer>1</answer>"], 5), TASK
+    )
     assert r.outcome is None
 
 
@@ -149,8 +176,10 @@ def test_config_errors_name_the_field():
 
 
 def test_strict_tier_overrides_and_counts_disagreements():
-    cfg = RewardConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 1e-3, "exact_integers": False})},
-                       strict=StrictTierConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.0})}))
+    cfg = RewardConfig(
+        verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 1e-3, "exact_integers": False})},
+        strict=StrictTierConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.0})}),
+    )
     cascade = Cascade(cfg)
     lenient_only = cascade.score(Candidate(["<answer>42.01</answer>"], 5), TASK)
     exact = cascade.score(Candidate(["<answer>42</answer>"], 5), TASK)

@@ -39,13 +39,26 @@ DOCKER_DIR = ROOT / "docker"
 CHECKOV = ROOT / ".venv-tools" / "bin" / "checkov"
 
 pytestmark = pytest.mark.skipif(
-    not CHECKOV.exists(), reason=f"checkov is not installed at {CHECKOV.relative_to(ROOT)}: `make test` installs it (scripts/setup.sh --tools)")
+    not CHECKOV.exists(),
+    reason=f"checkov is not installed at {CHECKOV.relative_to(ROOT)}: `make test` installs it (scripts/setup.sh --tools)",
+)
 
 # Variables that would point checkov at the platform or change which checks run.
 PLATFORM_PREFIXES = ("BC_", "CKV_", "PRISMA_", "CHECKOV_")
 OFFLINE = {"BC_SKIP_MAPPING": "TRUE", "CKV_SKIP_PACKAGE_UPDATE_CHECK": "true", "LOG_LEVEL": "WARNING"}
 MIN_REASON_WORDS = 5
-PLACEHOLDER_REASONS = {"skip", "skipped", "ignore", "ignored", "false positive", "not needed", "not applicable", "n/a", "na", "todo"}
+PLACEHOLDER_REASONS = {
+    "skip",
+    "skipped",
+    "ignore",
+    "ignored",
+    "false positive",
+    "not needed",
+    "not applicable",
+    "n/a",
+    "na",
+    "todo",
+}
 
 
 @dataclass(frozen=True)
@@ -74,9 +87,22 @@ class Scan:
 
 
 def run_checkov(directory: Path, framework: str, scratch: Path) -> Scan:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_PREFIXES)} | OFFLINE | {"HOME": str(scratch)}
-    command = [str(CHECKOV), "--directory", str(directory), "--framework", framework, "--skip-download",
-               "--download-external-modules", "false", "--output", "json", "--compact"]
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_PREFIXES)} | OFFLINE | {"HOME": str(scratch)}
+    )
+    command = [
+        str(CHECKOV),
+        "--directory",
+        str(directory),
+        "--framework",
+        framework,
+        "--skip-download",
+        "--download-external-modules",
+        "false",
+        "--output",
+        "json",
+        "--compact",
+    ]
     done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=300)
     # 0: every check passed, 1: some failed; anything else is a crash.
     assert done.returncode in (0, 1), f"checkov exited {done.returncode}:\n{done.stderr[-4000:]}"
@@ -87,11 +113,17 @@ def run_checkov(directory: Path, framework: str, scratch: Path) -> Scan:
         errors += results.get("parsing_errors", [])
         for result in ("failed", "skipped", "passed"):
             for check in results.get(f"{result}_checks", []):
-                findings.append(Finding(
-                    check_id=check["check_id"], resource=check["resource"], path=Path(check["file_abs_path"]),
-                    line=check["file_line_range"][0], result=result,
-                    reason=(check.get("check_result") or {}).get("suppress_comment"),
-                    caller=check.get("caller_file_path")))
+                findings.append(
+                    Finding(
+                        check_id=check["check_id"],
+                        resource=check["resource"],
+                        path=Path(check["file_abs_path"]),
+                        line=check["file_line_range"][0],
+                        result=result,
+                        reason=(check.get("check_result") or {}).get("suppress_comment"),
+                        caller=check.get("caller_file_path"),
+                    )
+                )
     return Scan(findings, errors)
 
 
@@ -138,7 +170,9 @@ def test_checkov_parses_every_file(modules_scan, tree_scan, docker_scan):
 @pytest.mark.parametrize("directory", module_dirs(), ids=lambda d: d.name)
 def test_module_passes_checkov_with_its_defaults(modules_scan, directory):
     if any(re.search(r'^(resource|data) "', p.read_text(), re.M) for p in directory.glob("*.tf")):
-        assert modules_scan.of("passed", directory) + modules_scan.of("failed", directory), f"checkov checked nothing in {directory}"
+        assert modules_scan.of("passed", directory) + modules_scan.of("failed", directory), (
+            f"checkov checked nothing in {directory}"
+        )
     failed = modules_scan.of("failed", directory)
     assert not failed, failures(failed)
 
@@ -161,14 +195,17 @@ def test_every_skip_is_inline_and_justified(modules_scan, tree_scan, docker_scan
     assert not bad, "checkov suppressions without a justification:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize(("reason", "ok"), [
-    (None, False),
-    ("skip", False),
-    ("False positive.", False),
-    ("TODO: look at this later", False),
-    ("not used here", False),
-    ("A KMS key policy's Resource \"*\" means the key the policy is attached to.", True),
-])
+@pytest.mark.parametrize(
+    ("reason", "ok"),
+    [
+        (None, False),
+        ("skip", False),
+        ("False positive.", False),
+        ("TODO: look at this later", False),
+        ("not used here", False),
+        ('A KMS key policy\'s Resource "*" means the key the policy is attached to.', True),
+    ],
+)
 def test_unjustified_reasons_are_refused(reason, ok):
     assert (unjustified(reason) is None) is ok
 
@@ -177,10 +214,21 @@ def test_unjustified_reasons_are_refused(reason, ok):
 # Each case: module, (pattern, replacement) edits to its main.tf, the check that must then fail,
 # and the check whose inline skip must then be refused (None: no skip edited).
 BREAKAGES = {
-    "bucket-public-policy-allowed": ("storage", [(r"block_public_policy\s*=\s*true", "block_public_policy = false"),
-                                                 (r"(checkov:skip=CKV_AWS_144):[^\n]*", r"\1:false positive")],
-                                     "CKV_AWS_54", "CKV_AWS_144"),
-    "database-unencrypted": ("database", [(r"storage_encrypted\s*=\s*true", "storage_encrypted = false")], "CKV_AWS_16", None),
+    "bucket-public-policy-allowed": (
+        "storage",
+        [
+            (r"block_public_policy\s*=\s*true", "block_public_policy = false"),
+            (r"(checkov:skip=CKV_AWS_144):[^\n]*", r"\1:false positive"),
+        ],
+        "CKV_AWS_54",
+        "CKV_AWS_144",
+    ),
+    "database-unencrypted": (
+        "database",
+        [(r"storage_encrypted\s*=\s*true", "storage_encrypted = false")],
+        "CKV_AWS_16",
+        None,
+    ),
 }
 
 

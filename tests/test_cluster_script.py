@@ -18,7 +18,7 @@ FLYWHEEL_ENV = {k: v for k, v in CLUSTER_ENV.items() if k != "DAGSTER_PG_PASSWOR
 
 # `terraform -chdir=DIR output [-raw|-json] NAME` answers from these; anything else fails like a
 # root module that was never applied.
-FAKE_TERRAFORM = r'''#!/usr/bin/env python3
+FAKE_TERRAFORM = r"""#!/usr/bin/env python3
 import json, os, sys
 args = sys.argv[1:]
 chdir = args.pop(0).split("=", 1)[1]
@@ -29,13 +29,13 @@ if args[0] != "output" or args[-1] not in outputs:
     sys.exit("Error: Output not found")
 value = outputs[args[-1]]
 print(json.dumps(value) if "-json" in args else value)
-'''
+"""
 
-RECORDER = r'''#!/usr/bin/env python3
+RECORDER = r"""#!/usr/bin/env python3
 import json, os, sys
 with open(os.environ["CALLS"], "a") as log:
     log.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\n")
-'''
+"""
 
 
 def run(tmp_path: Path, *args: str, applied: bool = True) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
@@ -45,10 +45,28 @@ def run(tmp_path: Path, *args: str, applied: bool = True) -> tuple[subprocess.Co
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     calls = tmp_path / "calls.jsonl"
-    outputs = {"infra": {"region": "us-east-1", "cluster_name": "flywheel", "namespace": "flywheel", "flywheel_env": FLYWHEEL_ENV},
-               "platform": {"dagster_port_forward_command": "kubectl -n flywheel port-forward svc/dagster-webserver 3000:3000",
-                            "mlflow_port_forward_command": "kubectl -n flywheel port-forward svc/mlflow 5000:5000"}} if applied else {}
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "TF_OUTPUTS": json.dumps(outputs)}
+    outputs = (
+        {
+            "infra": {
+                "region": "us-east-1",
+                "cluster_name": "flywheel",
+                "namespace": "flywheel",
+                "flywheel_env": FLYWHEEL_ENV,
+            },
+            "platform": {
+                "dagster_port_forward_command": "kubectl -n flywheel port-forward svc/dagster-webserver 3000:3000",
+                "mlflow_port_forward_command": "kubectl -n flywheel port-forward svc/mlflow 5000:5000",
+            },
+        }
+        if applied
+        else {}
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "TF_OUTPUTS": json.dumps(outputs),
+    }
     done = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
     recorded = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
     return done, recorded
@@ -62,9 +80,12 @@ def test_images_are_built_for_x86_and_pushed_to_the_refs_the_profile_reads(tmp_p
     assert {(c[c.index("-f") + 1], c[c.index("-t") + 1]) for c in builds} == {
         ("docker/trainer.Dockerfile", FLYWHEEL_ENV["FLYWHEEL_TRAINER_IMAGE"]),
         ("docker/dagster.Dockerfile", FLYWHEEL_ENV["FLYWHEEL_IMAGE"]),
-        ("docker/sandbox.Dockerfile", FLYWHEEL_ENV["FLYWHEEL_SANDBOX_IMAGE"])}
+        ("docker/sandbox.Dockerfile", FLYWHEEL_ENV["FLYWHEEL_SANDBOX_IMAGE"]),
+    }
     assert all("--platform" in c and c[c.index("--platform") + 1] == "linux/amd64" and c[-1] == "." for c in builds)
-    assert sorted(pushes) == sorted(FLYWHEEL_ENV[k] for k in ("FLYWHEEL_TRAINER_IMAGE", "FLYWHEEL_IMAGE", "FLYWHEEL_SANDBOX_IMAGE"))
+    assert sorted(pushes) == sorted(
+        FLYWHEEL_ENV[k] for k in ("FLYWHEEL_TRAINER_IMAGE", "FLYWHEEL_IMAGE", "FLYWHEEL_SANDBOX_IMAGE")
+    )
     login = next(c for c in calls if c[0] == "docker" and c[1] == "login")
     assert login[-1] == "123456789012.dkr.ecr.us-east-1.amazonaws.com"
     assert ["aws", "ecr", "get-login-password", "--region", "us-east-1"] in calls
@@ -82,9 +103,20 @@ def test_env_prints_exports_that_load_the_cluster_profile(tmp_path):
     done, _ = run(tmp_path, "env")
     assert done.returncode == 0, done.stderr
     script = done.stdout + "export DAGSTER_PG_PASSWORD=x\n"
-    loaded = subprocess.run(["bash", "-c", script + 'exec "$0" -c "from configs import load_profile; '
-                             'c = load_profile(\'cluster\'); print(c.storage.root, c.orchestration.k8s.gpu_image)"', os.sys.executable],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k not in CLUSTER_ENV})
+    loaded = subprocess.run(
+        [
+            "bash",
+            "-c",
+            script + 'exec "$0" -c "from configs import load_profile; '
+            "c = load_profile('cluster'); print(c.storage.root, c.orchestration.k8s.gpu_image)\"",
+            os.sys.executable,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in CLUSTER_ENV},
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split() == [FLYWHEEL_ENV["FLYWHEEL_ARTIFACT_ROOT"], FLYWHEEL_ENV["FLYWHEEL_TRAINER_IMAGE"]]
 
@@ -93,8 +125,10 @@ def test_ui_forwards_the_webserver_and_mlflow(tmp_path):
     done, calls = run(tmp_path, "ui")
     assert done.returncode == 0, done.stderr
     forwards = sorted(c[1:] for c in calls if c[0] == "kubectl")
-    assert forwards == [["-n", "flywheel", "port-forward", "svc/dagster-webserver", "3000:3000"],
-                        ["-n", "flywheel", "port-forward", "svc/mlflow", "5000:5000"]]
+    assert forwards == [
+        ["-n", "flywheel", "port-forward", "svc/dagster-webserver", "3000:3000"],
+        ["-n", "flywheel", "port-forward", "svc/mlflow", "5000:5000"],
+    ]
     assert "Dagster UI on http://localhost:3000, MLflow on http://localhost:5000" in done.stdout
 
 
@@ -186,6 +220,8 @@ def test_the_script_reads_only_outputs_the_layers_have():
     read_infra = set(re.findall(r"infra_output (?:-raw|-json) (\w+)", script))
     read_platform = set(re.findall(r'-chdir="\$PLATFORM_DIR" output -raw (\w+)', script))
     assert read_infra == {"region", "cluster_name", "flywheel_env"} and read_infra <= infra, read_infra - infra
-    assert read_platform == {"dagster_port_forward_command", "mlflow_port_forward_command"} and read_platform <= platform
+    assert (
+        read_platform == {"dagster_port_forward_command", "mlflow_port_forward_command"} and read_platform <= platform
+    )
     # the stand-in outputs above are the real output's keys
     assert set(FLYWHEEL_ENV) == set(load(ROOT / "infra/terraform/environments/aws/infra").locals["flywheel_env"])

@@ -9,8 +9,15 @@ import re
 import pytest
 
 from environments.base import TASK_COLUMNS, task_view
-from environments.code import (GENERATED_LEVELS, compile_solution, demonstrate, demonstrations, generate_tasks,
-                               near_misses, visible_cases)
+from environments.code import (
+    GENERATED_LEVELS,
+    compile_solution,
+    demonstrate,
+    demonstrations,
+    generate_tasks,
+    near_misses,
+    visible_cases,
+)
 from verifiers.base import run_verifier
 from verifiers.code_tests import code_precheck, code_task_check, parse_tests
 
@@ -18,8 +25,10 @@ ALL_GROUPS = ["fail_to_pass", "held_out"]
 TEMPLATES = {  # level -> what every prompt and reference body look like
     1: (r"write f\(x\) that returns x (plus|minus|times) \d+\n", r"x[-+*]\d+"),
     2: (r"write f\(x\) that returns x( (plus|minus|times) \d+){2}\n", r"x[-+*]\d+[-+*]\d+"),
-    3: (r"write f\(x\) that returns x \w+ \d+ if x is (even|odd|above \d+|below \d+) else x \w+ \d+\n",
-        r"x[-+*]\d+ if x(%2==[01]|[<>]\d+) else x[-+*]\d+"),
+    3: (
+        r"write f\(x\) that returns x \w+ \d+ if x is (even|odd|above \d+|below \d+) else x \w+ \d+\n",
+        r"x[-+*]\d+ if x(%2==[01]|[<>]\d+) else x[-+*]\d+",
+    ),
     4: (r"write f\(xs\) that returns (the \w+ of xs|each x in xs|the xs) \w+ \d+\n", r".*\bxs\b.*"),
 }
 

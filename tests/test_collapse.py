@@ -14,18 +14,21 @@ CFG = CollapseConfig(entropy_drop=0.5)  # baseline_steps 3, window 3; the rules,
 def healthy(n: int, seed: int = 0) -> list[dict]:
     """Noisy but flat metrics, steps 1..n."""
     rng = random.Random(seed)
-    return [{
-        "step": step,
-        "actor/entropy": 1.0 + rng.uniform(-0.15, 0.15),
-        "reward/group_std_unsolved": 0.4 + rng.uniform(-0.08, 0.08),
-        "rollout/stuck_frac": 0.5 + rng.uniform(-0.1, 0.1),
-        "rollout/repeat_rate_failed": 0.1 + rng.uniform(-0.05, 0.05),
-        "actor/kl_ref": 0.05 + rng.uniform(-0.02, 0.02),
-        "actor/approx_kl": 0.01 + rng.uniform(-0.005, 0.005),
-        "actor/clip_frac": 0.1 + rng.uniform(-0.05, 0.05),
-        "actor/grad_norm": 1.0 + rng.uniform(-0.4, 0.4),
-        "reward/total/mean": 0.5 + rng.uniform(-0.05, 0.05),
-    } for step in range(1, n + 1)]
+    return [
+        {
+            "step": step,
+            "actor/entropy": 1.0 + rng.uniform(-0.15, 0.15),
+            "reward/group_std_unsolved": 0.4 + rng.uniform(-0.08, 0.08),
+            "rollout/stuck_frac": 0.5 + rng.uniform(-0.1, 0.1),
+            "rollout/repeat_rate_failed": 0.1 + rng.uniform(-0.05, 0.05),
+            "actor/kl_ref": 0.05 + rng.uniform(-0.02, 0.02),
+            "actor/approx_kl": 0.01 + rng.uniform(-0.005, 0.005),
+            "actor/clip_frac": 0.1 + rng.uniform(-0.05, 0.05),
+            "actor/grad_norm": 1.0 + rng.uniform(-0.4, 0.4),
+            "reward/total/mean": 0.5 + rng.uniform(-0.05, 0.05),
+        }
+        for step in range(1, n + 1)
+    ]
 
 
 def with_values(history: list[dict], key: str, values: dict[int, float | None]) -> list[dict]:
@@ -62,14 +65,16 @@ def test_entropy_collapse_fires_at_the_step_completing_the_window():
 def test_entropy_dips_shorter_than_the_window_do_not_fire():
     h = with_values(healthy(15), "actor/entropy", {1: 1.0, 2: 1.0, 3: 1.0, 6: 0.3, 8: 0.3, 9: 0.3, 12: 0.2, 13: 0.2})
     assert "actor/entropy" not in fired(detect_collapse(h, CFG))
-    assert "actor/entropy" in fired(detect_collapse(h, CollapseConfig(window=2, entropy_drop=0.5)))  # steps 8-9 complete a run of 2
+    assert "actor/entropy" in fired(
+        detect_collapse(h, CollapseConfig(window=2, entropy_drop=0.5))
+    )  # steps 8-9 complete a run of 2
 
 
 def test_reward_std_decay_fires():
     decay = {s: 0.4 * 0.7 ** (s - 4) for s in range(5, 21)}  # below 0.4 * 0.4 = 0.16 from step 7 (0.137)
     h = with_values(healthy(20), "reward/group_std_unsolved", {1: 0.4, 2: 0.4, 3: 0.4} | decay)
     w = fired(detect_collapse(h, CFG))["reward/group_std_unsolved"]
-    assert w.first_step == 9 and w.value == pytest.approx(0.4 * 0.7 ** 5) and w.threshold == pytest.approx(0.16)
+    assert w.first_step == 9 and w.value == pytest.approx(0.4 * 0.7**5) and w.threshold == pytest.approx(0.16)
 
 
 def test_repeat_rate_is_absolute_and_judged_from_the_first_step():
@@ -78,7 +83,9 @@ def test_repeat_rate_is_absolute_and_judged_from_the_first_step():
     assert (w.first_step, w.value, w.threshold, w.baseline) == (4, 0.9, 0.6, None)
 
 
-@pytest.mark.parametrize("key, bad", [("actor/grad_norm", math.nan), ("actor/kl_ref", math.inf), ("actor/entropy", math.nan)])
+@pytest.mark.parametrize(
+    "key, bad", [("actor/grad_norm", math.nan), ("actor/kl_ref", math.inf), ("actor/entropy", math.nan)]
+)
 def test_non_finite_fires_at_once_even_in_a_short_history(key, bad):
     h = with_values(healthy(3), key, {2: bad})
     w = fired(detect_collapse(h, CFG))[key]
@@ -102,7 +109,9 @@ def test_missing_keys_are_skipped_not_read_as_zero():
     h = with_values(healthy(15), "actor/entropy", {1: 1.0, 2: 1.0, 3: 1.0, 6: 0.3, 7: None, 8: 0.3, 9: 0.3})
     assert fired(detect_collapse(h, CFG))["actor/entropy"].first_step == 9
     # the baseline is the first steps that recorded the metric: steps 1-2 missing, baseline from 3, 4, 5
-    h = with_values(healthy(15), "reward/group_std_unsolved", {1: None, 2: None, 3: 0.5, 4: 0.5, 5: 0.5, 9: 0.1, 10: 0.1, 11: 0.1})
+    h = with_values(
+        healthy(15), "reward/group_std_unsolved", {1: None, 2: None, 3: 0.5, 4: 0.5, 5: 0.5, 9: 0.1, 10: 0.1, 11: 0.1}
+    )
     w = fired(detect_collapse(h, CFG))["reward/group_std_unsolved"]
     assert (w.first_step, w.baseline, w.threshold) == (11, pytest.approx(0.5), pytest.approx(0.2))
 
@@ -118,7 +127,9 @@ def test_too_short_history_gives_notes_and_no_relative_warnings():
 def test_zero_baselines_are_notes_not_warnings():
     h = with_values(healthy(12), "reward/group_std_unsolved", {s: 0.0 for s in range(1, 13)})
     report = detect_collapse(h, CFG)
-    assert report.warnings == [] and any("reward/group_std_unsolved" in n and "never had reward spread" in n for n in report.notes)
+    assert report.warnings == [] and any(
+        "reward/group_std_unsolved" in n and "never had reward spread" in n for n in report.notes
+    )
 
 
 def test_zero_variance_fraction_is_relative_to_the_round():
@@ -145,16 +156,19 @@ def test_absent_signal_is_noted():
     assert report.warnings == [] and "not recorded: actor/kl_ref" in report.notes
 
 
-@pytest.mark.parametrize("rewards, expected", [
-    ([0.5] * 15, None),
-    ([0.5] * 11 + [0.1] * 4, 12),                      # sharp fall: trailing mean (0.5+0.5+0.1)/3 < 0.4
-    ([0.5] * 6 + [0.25] + [0.5] * 8, None),            # one bad step: trailing mean 0.417 stays above 0.4
-    ([0.5] * 8 + [0.38] * 7, 11),                      # a fall just past 20 %: the 3-step mean is 0.38 < 0.4 at 11
-    ([-0.5] * 5 + [-0.7] * 5, 7),                      # negative baseline: below -0.6, not above -0.4
-    ([0.01] * 5 + [0.002] * 5, None),                  # near-zero baseline: a relative fall is noise
-    ([0.01] * 5 + [-0.3] * 5, 7),                      # ... an absolute fall of 0.2 is not
-    ([0.5] * 3, None),                                 # nothing after the baseline
-])
+@pytest.mark.parametrize(
+    "rewards, expected",
+    [
+        ([0.5] * 15, None),
+        ([0.5] * 11 + [0.1] * 4, 12),  # sharp fall: trailing mean (0.5+0.5+0.1)/3 < 0.4
+        ([0.5] * 6 + [0.25] + [0.5] * 8, None),  # one bad step: trailing mean 0.417 stays above 0.4
+        ([0.5] * 8 + [0.38] * 7, 11),  # a fall just past 20 %: the 3-step mean is 0.38 < 0.4 at 11
+        ([-0.5] * 5 + [-0.7] * 5, 7),  # negative baseline: below -0.6, not above -0.4
+        ([0.01] * 5 + [0.002] * 5, None),  # near-zero baseline: a relative fall is noise
+        ([0.01] * 5 + [-0.3] * 5, 7),  # ... an absolute fall of 0.2 is not
+        ([0.5] * 3, None),  # nothing after the baseline
+    ],
+)
 def test_reward_drop_step(rewards, expected):
     h = [{"step": i + 1, "reward/total/mean": r} for i, r in enumerate(rewards)]
     assert reward_drop_step(h, baseline_steps=3) == expected
@@ -192,17 +206,35 @@ def test_markdown_and_metadata():
     assert meta["collapsed"] == 1 and meta["warnings"] == len(report.warnings) and meta["steps"] == 16
     assert meta["first_warning_step"] == report.first_warning_step and meta["reward_drop_step"] == 12
     w = fired(report)["actor/entropy"]
-    assert (meta["actor/entropy/first_step"], meta["actor/entropy/value"], meta["actor/entropy/baseline"]) == (w.first_step, w.value, w.baseline)
+    assert (meta["actor/entropy/first_step"], meta["actor/entropy/value"], meta["actor/entropy/baseline"]) == (
+        w.first_step,
+        w.value,
+        w.baseline,
+    )
     assert "rollout/repeat_rate_failed/baseline" not in meta  # absolute signal: no baseline
     assert all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in meta.values())
 
     quiet = detect_collapse(healthy(4), CFG)
     assert "No collapse warnings over 4 steps." in quiet.to_markdown() and "Notes:" in quiet.to_markdown()
     meta = quiet.as_metadata()
-    assert meta["collapsed"] == 0 and "first_warning_step" not in meta and "reward_drop_step" not in meta and "too few steps" in meta["notes"]
+    assert (
+        meta["collapsed"] == 0
+        and "first_warning_step" not in meta
+        and "reward_drop_step" not in meta
+        and "too few steps" in meta["notes"]
+    )
 
 
 def test_signal_series_orders_by_step_and_skips_non_numbers():
-    h = [{"step": 3, "x": 1}, {"step": 1, "x": 2.5}, {"step": 2}, {"step": 4, "x": None}, {"step": 5, "x": "n/a"}, {"x": math.nan}]
+    h = [
+        {"step": 3, "x": 1},
+        {"step": 1, "x": 2.5},
+        {"step": 2},
+        {"step": 4, "x": None},
+        {"step": 5, "x": "n/a"},
+        {"x": math.nan},
+    ]
     series = signal_series(h, "x")
-    assert series[:2] == [(1, 2.5), (3, 1.0)] and series[2][0] == 5 and math.isnan(series[2][1])  # no "step": its position
+    assert (
+        series[:2] == [(1, 2.5), (3, 1.0)] and series[2][0] == 5 and math.isnan(series[2][1])
+    )  # no "step": its position

@@ -23,8 +23,15 @@ REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
 TASKS = [f"t{i}" for i in range(60)]
 # The micro profile, cut further: the round test runs the foundation and a round in well under a minute.
-FAST = {"data.families.arithmetic.benchmark_tasks": 12, "data.families.search.benchmark_tasks": 6, "data.families.code.benchmark_tasks": 6,
-        "teacher.num_trajectories": 48, "sft.steps": 5, "rl.steps_per_round": 1, "rl.prompts_per_step": 2}
+FAST = {
+    "data.families.arithmetic.benchmark_tasks": 12,
+    "data.families.search.benchmark_tasks": 6,
+    "data.families.code.benchmark_tasks": 6,
+    "teacher.num_trajectories": 48,
+    "sft.steps": 5,
+    "rl.steps_per_round": 1,
+    "rl.prompts_per_step": 2,
+}
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -43,20 +50,27 @@ def start(commands: list[list[str]], home: Path, logs: Path) -> list[subprocess.
     return procs
 
 
-def release(procs: list[subprocess.Popen], go: Path, logs: Path, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+def release(
+    procs: list[subprocess.Popen], go: Path, logs: Path, timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
     """Wait until every worker has imported everything and says "ready", then release them all
     at once by creating `go`; their completed processes (stderr from their files), in order."""
     try:
         for i, proc in enumerate(procs):
             line = proc.stdout.readline()
-            assert line.strip() == "ready", f"worker {i} did not start: {line!r} {(logs / f'worker-{i}.err').read_text()[-3000:]}"
+            assert line.strip() == "ready", (
+                f"worker {i} did not start: {line!r} {(logs / f'worker-{i}.err').read_text()[-3000:]}"
+            )
         go.touch()
         outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    return [subprocess.CompletedProcess(p.args, p.returncode, out, (logs / f"worker-{i}.err").read_text()) for i, (p, out) in enumerate(zip(procs, outs))]
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, out, (logs / f"worker-{i}.err").read_text())
+        for i, (p, out) in enumerate(zip(procs, outs))
+    ]
 
 
 def race(commands: list[list[str]], home: Path, go: Path) -> list[subprocess.CompletedProcess]:
@@ -79,15 +93,21 @@ with exclusive(Path({path!r}), "RL round 7", {{"run_id": "run-a", "step": "rl_ro
 
 def test_a_held_round_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
     path = tmp_path / "locks" / "rl-round-7.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=str(REPO), path=str(path))], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(repo=str(REPO), path=str(path))], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(Busy) as refused:
             with exclusive(path, "RL round 7", {"run_id": "run-b"}, then="Launch round 7 again later."):
                 pytest.fail("two holders of one lock")
-        assert str(refused.value) == (f"RL round 7 is held by Dagster run run-a (step rl_round, pid {holder.pid} on {socket.gethostname()}, "
-                                      f"since {json.loads(path.read_text())['since']}). Launch round 7 again later.")
-        assert not refused.value.allow_retries  # a retry would redo (or wait on) the other run's work behind the user's back
+        assert str(refused.value) == (
+            f"RL round 7 is held by Dagster run run-a (step rl_round, pid {holder.pid} on {socket.gethostname()}, "
+            f"since {json.loads(path.read_text())['since']}). Launch round 7 again later."
+        )
+        assert (
+            not refused.value.allow_retries
+        )  # a retry would redo (or wait on) the other run's work behind the user's back
         holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel drops the lock with the process
         holder.wait(timeout=30)
         with exclusive(path, "RL round 7", {"run_id": "run-b"}):  # at once: no stale lock, no waiting
@@ -121,7 +141,9 @@ def store(tmp_path, monkeypatch):
         (folder / "weights.txt").write_text(f"version {version}")
         with mlflow.start_run() as run:
             mlflow.log_metrics({"pass_at_1": rate})
-            tracker.log_json(run.info.run_id, {t: float(i < rate * len(TASKS)) for i, t in enumerate(TASKS)}, "per_task_scores.json")
+            tracker.log_json(
+                run.info.run_id, {t: float(i < rate * len(TASKS)) for i, t in enumerate(TASKS)}, "per_task_scores.json"
+            )
             tracker.register_checkpoint(run.info.run_id, folder, {"stage": "rl", "round": str(version)})
     tracker.promote("1", "gate")
     return tracker
@@ -132,10 +154,15 @@ def test_a_promotion_over_a_champion_that_moved_is_refused_and_recorded(store):
     from assets.tracking import ChampionChanged
 
     store.promote("3", "force")  # another promotion lands after v2's gate compared against v1
-    with pytest.raises(ChampionChanged, match="the champion changed from v1 to v3 after the gate compared v2 against v1"):
+    with pytest.raises(
+        ChampionChanged, match="the champion changed from v1 to v3 after the gate compared v2 against v1"
+    ):
         store.promote("2", "gate", expected="1")
     assert str(store.version_by_alias("champion").version) == "3" and store.champion_history() == ["1", "3"]
-    assert "changed from v1 to v3" in store.client().get_model_version(store.registered_model, "2").tags["promotion_skipped"]
+    assert (
+        "changed from v1 to v3"
+        in store.client().get_model_version(store.registered_model, "2").tags["promotion_skipped"]
+    )
 
     # the benchmark asset's gate: a stale "promote" becomes challenger, with the reason returned and tagged
     applied, skipped = apply_gate(store, "4", "1", {"promote": True, "diff": 0.3})
@@ -160,13 +187,22 @@ def test_racing_promotions_change_the_champion_exactly_once(store, tmp_path):
     """`make promote` of v2, v3, v4 and v5 at the same moment (each passes the gate against v1):
     two processes, two threads each."""
     pairs = [("2", "3"), ("4", "5")]
-    done = race([[sys.executable, str(WORKERS / "registry_worker.py"), "--go", str(tmp_path / "go"), "promote", *pair] for pair in pairs],
-                tmp_path, tmp_path / "go")
+    done = race(
+        [
+            [sys.executable, str(WORKERS / "registry_worker.py"), "--go", str(tmp_path / "go"), "promote", *pair]
+            for pair in pairs
+        ],
+        tmp_path,
+        tmp_path / "go",
+    )
     assert all(p.returncode == 0 for p in done), [p.stderr[-2000:] for p in done]
     outcome = dict(line.split(": ", 1) for p in done for line in p.stdout.splitlines())
     won = [v for v, said in outcome.items() if said == "promoted"]
     assert len(won) == 1, outcome
-    for v, said in outcome.items():  # the others: refused by the gate against the new champion, or by the compare-and-set
+    for (
+        v,
+        said,
+    ) in outcome.items():  # the others: refused by the gate against the new champion, or by the compare-and-set
         assert said == "promoted" or said.startswith("refused: "), (v, said)
     assert store.champion_history() == ["1", won[0]]
     assert str(store.version_by_alias("champion").version) == won[0]
@@ -180,7 +216,16 @@ def test_a_checkpoint_registered_by_racing_steps_gets_one_version(store, tmp_pat
     folder.mkdir()
     (folder / "weights.txt").write_text("round 5")
     uri = str(folder)
-    cmd = [sys.executable, str(WORKERS / "registry_worker.py"), "--go", str(tmp_path / "go"), "register", str(folder), uri, "run-r5"]
+    cmd = [
+        sys.executable,
+        str(WORKERS / "registry_worker.py"),
+        "--go",
+        str(tmp_path / "go"),
+        "register",
+        str(folder),
+        uri,
+        "run-r5",
+    ]
     done = race([cmd] * 3, tmp_path, tmp_path / "go")
     assert all(p.returncode == 0 for p in done), [p.stderr[-2000:] for p in done]
     got = {p.stdout.strip() for p in done}
@@ -188,7 +233,9 @@ def test_a_checkpoint_registered_by_racing_steps_gets_one_version(store, tmp_pat
     assert len(versions) == 1 and got == {f"version {versions[0].version}"}
     # a checkpoint of the same round written by another run is another version
     with mlflow.start_run() as run:
-        other = store.register_checkpoint(run.info.run_id, folder, {"stage": "rl", "round": "5", "checkpoint_uri": uri, "checkpoint_run": "run-r5b"})
+        other = store.register_checkpoint(
+            run.info.run_id, folder, {"stage": "rl", "round": "5", "checkpoint_uri": uri, "checkpoint_run": "run-r5b"}
+        )
     assert str(other.version) != str(versions[0].version)
 
 
@@ -208,14 +255,31 @@ def test_the_run_queue_holds_a_second_run_of_a_round_until_the_first_is_over(clu
     from pipelines.definitions import RL_ROUND_JOB
     from pipelines.instance import LOCAL_SETTINGS, ROUND_RUN_LIMITS, cluster_settings
 
-    assert cluster_settings(load_profile("cluster", {}))["concurrency"]["runs"]["tag_concurrency_limits"] == ROUND_RUN_LIMITS
+    assert (
+        cluster_settings(load_profile("cluster", {}))["concurrency"]["runs"]["tag_concurrency_limits"]
+        == ROUND_RUN_LIMITS
+    )
     settings = yaml.safe_load(LOCAL_SETTINGS)
     # where the queued runs' job lives, as the UI records it for a launch (queued runs must say)
-    origin = RemoteJobOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(LoadableTargetOrigin(module_name="pipelines.definitions", working_directory=str(REPO))),
-                                                    "__repository__"), RL_ROUND_JOB)
+    origin = RemoteJobOrigin(
+        RemoteRepositoryOrigin(
+            InProcessCodeLocationOrigin(
+                LoadableTargetOrigin(module_name="pipelines.definitions", working_directory=str(REPO))
+            ),
+            "__repository__",
+        ),
+        RL_ROUND_JOB,
+    )
     with instance_for_test(overrides={"concurrency": settings["concurrency"]}) as instance:
+
         def run(status, partition):
-            return create_run_for_test(instance, job_name=RL_ROUND_JOB, status=status, tags={"dagster/partition": partition}, remote_job_origin=origin)
+            return create_run_for_test(
+                instance,
+                job_name=RL_ROUND_JOB,
+                status=status,
+                tags={"dagster/partition": partition},
+                remote_job_origin=origin,
+            )
 
         run(DagsterRunStatus.STARTED, "3")
         second, other = run(DagsterRunStatus.QUEUED, "3"), run(DagsterRunStatus.QUEUED, "4")
@@ -247,13 +311,30 @@ def test_two_launches_of_one_round_train_it_once_and_the_other_is_refused(tmp_pa
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     overrides = [f"--set={key}={value}" for key, value in FAST.items()]
-    launches = [[sys.executable, str(WORKERS / "round_launch_worker.py"), "--round", "1", "--go", str(tmp_path / "go"),
-                 "--out", str(tmp_path / f"launch-{i}.json"), *overrides] for i in (1, 2)]
+    launches = [
+        [
+            sys.executable,
+            str(WORKERS / "round_launch_worker.py"),
+            "--round",
+            "1",
+            "--go",
+            str(tmp_path / "go"),
+            "--out",
+            str(tmp_path / f"launch-{i}.json"),
+            *overrides,
+        ]
+        for i in (1, 2)
+    ]
     # the two launches import while the foundation runs here; then both are released together
     procs = start(launches, home, tmp_path / "logs")
     try:
         instance = DagsterInstance.get()
-        assert build_definitions("micro", FAST).resolve_job_def(FOUNDATION_JOB).execute_in_process(instance=instance).success
+        assert (
+            build_definitions("micro", FAST)
+            .resolve_job_def(FOUNDATION_JOB)
+            .execute_in_process(instance=instance)
+            .success
+        )
         instance.add_dynamic_partitions(rl_rounds.name, ["1"])
     except BaseException:
         for proc in procs:

@@ -57,10 +57,17 @@ def test_config_choices_match_the_registries():
     from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
     def choices(name: str) -> set[str]:  # Literal[...] | None -> the Literal's strings
-        return {value for arg in get_args(RLConfig.model_fields[name].annotation) for value in (get_args(arg) or (arg,)) if isinstance(value, str)}
+        return {
+            value
+            for arg in get_args(RLConfig.model_fields[name].annotation)
+            for value in (get_args(arg) or (arg,))
+            if isinstance(value, str)
+        }
 
     assert choices("algorithm") == set(ALGORITHMS.names())
-    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | {"gae"}  # gae: token-level, needs the critic
+    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | {
+        "gae"
+    }  # gae: token-level, needs the critic
     assert choices("policy_loss") == set(POLICY_LOSSES.names())
     assert choices("loss_agg_mode") == set(AGG_MODES.names())
     assert choices("kl_estimator") == set(KL_ESTIMATORS.names())
@@ -71,12 +78,19 @@ def test_override_inside_a_default_mapping_keeps_the_rest():
     assert cfg.reward.terms["format"].weight == 0.05 and cfg.reward.terms["format"].cap == 0.1
     assert set(cfg.reward.terms) == {"format", "tool_cost", "tool_misuse", "overlong"}
     assert set(cfg.reward.verifiers) == {"arithmetic", "search", "code"}
-    assert cfg.reward.verifiers["arithmetic"].name == "math" and cfg.reward.verifiers["arithmetic"].params == {"rel_tol": 0.0}
+    assert cfg.reward.verifiers["arithmetic"].name == "math" and cfg.reward.verifiers["arithmetic"].params == {
+        "rel_tol": 0.0
+    }
 
 
 def test_vllm_on_cpu_refuses_a_head_size_its_kernels_lack():
-    assert load_profile("tiny", {"rollout.engine": "vllm"}).rollout.vllm.block_size == 32  # head size 128/4 = 32: served
-    with pytest.raises(ConfigError, match=r"rollout.engine=vllm on CPU needs a head size .* model.hidden_size 128 / model.num_attention_heads 8 = 16"):
+    assert (
+        load_profile("tiny", {"rollout.engine": "vllm"}).rollout.vllm.block_size == 32
+    )  # head size 128/4 = 32: served
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.engine=vllm on CPU needs a head size .* model.hidden_size 128 / model.num_attention_heads 8 = 16",
+    ):
         load_profile("tiny", {"rollout.engine": "vllm", "model.num_attention_heads": 8, "model.num_key_value_heads": 8})
 
 
@@ -100,7 +114,9 @@ def test_references_take_defaults_and_sit_inside_longer_values(monkeypatch):
     monkeypatch.setenv("FLYWHEEL_TEST_PREFIX", "run7")
     cfg = load_profile("micro", {"storage.root": "s3://${FLYWHEEL_TEST_BUCKET:-fallback}/${FLYWHEEL_TEST_PREFIX}/x"})
     assert cfg.storage.root == "s3://fallback/run7/x"
-    monkeypatch.setenv("FLYWHEEL_TEST_BUCKET", "")  # set but empty: the default applies, as in a shell's ${VAR:-default}
+    monkeypatch.setenv(
+        "FLYWHEEL_TEST_BUCKET", ""
+    )  # set but empty: the default applies, as in a shell's ${VAR:-default}
     assert load_profile("micro", {"storage.root": "${FLYWHEEL_TEST_BUCKET:-b}"}).storage.root == "b"
     monkeypatch.setenv("FLYWHEEL_TEST_BUCKET", "real")
     assert load_profile("micro", {"storage.root": "${FLYWHEEL_TEST_BUCKET:-b}"}).storage.root == "real"
@@ -111,6 +127,14 @@ def test_every_variable_the_cluster_profile_reads_is_documented():
 
     text = (PROFILE_DIR / "cluster.yaml").read_text()
     names = {name for name, _ in env_references(text)}
-    assert {"FLYWHEEL_ARTIFACT_ROOT", "FLYWHEEL_IMAGE", "FLYWHEEL_TRAINER_IMAGE", "FLYWHEEL_SANDBOX_IMAGE", "MLFLOW_TRACKING_URI"} <= names
+    assert {
+        "FLYWHEEL_ARTIFACT_ROOT",
+        "FLYWHEEL_IMAGE",
+        "FLYWHEEL_TRAINER_IMAGE",
+        "FLYWHEEL_SANDBOX_IMAGE",
+        "MLFLOW_TRACKING_URI",
+    } <= names
     guide = (PROFILE_DIR.parent / "docs" / "deploy.md").read_text()
-    assert not [name for name in names if f"`{name}`" not in guide], "docs/deploy.md must list every variable configs/cluster.yaml reads"
+    assert not [name for name in names if f"`{name}`" not in guide], (
+        "docs/deploy.md must list every variable configs/cluster.yaml reads"
+    )

@@ -295,8 +295,7 @@ def _check_evaluations(result, check_name: str):
     return [
         e.event_specific_data
         for e in result.all_events
-        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
-        and e.event_specific_data.check_name == check_name
+        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION and e.event_specific_data.check_name == check_name
     ]
 
 
@@ -315,15 +314,12 @@ def test_dagster_blocking_check_stops_downstream():
 
     check = contract_check("training_tasks", "tasks")
     with DagsterInstance.ephemeral() as instance:
-        result = materialize(
-            [training_tasks, task_stats, check], instance=instance, raise_on_error=False
-        )
+        result = materialize([training_tasks, task_stats, check], instance=instance, raise_on_error=False)
         assert not result.success
         failures = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
-        assert any(
-            "DagsterAssetCheckFailedError" in (e.step_failure_data.error.cls_name or "")
-            for e in failures
-        ), [e.step_failure_data.error for e in failures]
+        assert any("DagsterAssetCheckFailedError" in (e.step_failure_data.error.cls_name or "") for e in failures), [
+            e.step_failure_data.error for e in failures
+        ]
 
         (evaluation,) = _check_evaluations(result, "tasks_contract")
         assert evaluation.asset_key == AssetKey("training_tasks")
@@ -390,9 +386,7 @@ def test_dagster_partitioned_check():
         assert not evaluation.passed
         assert evaluation.partition == "bad"
         assert "'logprob_max'" in evaluation.description
-        materialized = {
-            (e.asset_key, e.partition) for e in bad.get_asset_materialization_events()
-        }
+        materialized = {(e.asset_key, e.partition) for e in bad.get_asset_materialization_events()}
         assert (AssetKey("rollout_batches"), "bad") in materialized
         assert not any(key == AssetKey("policy_update") for key, _ in materialized)
 

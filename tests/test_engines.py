@@ -95,11 +95,22 @@ def torchrun(tmp_path: Path, *args: str, nproc: int = 2, timeout: float = 240) -
     """Run training.distributed_check under torchrun; (summary, state_dict) of rank 0."""
     out = tmp_path / "result.json"
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}  # this process's DeepSpeed world of one
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "training.distributed_check", *args, "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "training.distributed_check",
+        *args,
+        "--out",
+        str(out),
+    ]
     # Own session, so a hung collective is killed with all its workers, not just torchrun.
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -122,8 +133,9 @@ def test_deepspeed_config_fields():
     assert ds["train_batch_size"] == 4 * 8 * 2
     assert ds["managed_gradient_accumulation"] is False  # step() is the accumulation boundary
 
-    ds3 = deepspeed_config(EngineConfig(kind="deepspeed", zero_stage=3, precision="bf16"), micro_batch_size=1,
-                           grad_accum=1, grad_clip=0.5)
+    ds3 = deepspeed_config(
+        EngineConfig(kind="deepspeed", zero_stage=3, precision="bf16"), micro_batch_size=1, grad_accum=1, grad_clip=0.5
+    )
     assert ds3["zero_optimization"] == {"stage": 3}
     assert ds3["bf16"] == {"enabled": True} and ds3["data_types"] == {"grad_accum_dtype": "fp32"}
 
@@ -138,12 +150,15 @@ def test_precision_auto_is_fp32_on_cpu():
     assert resolve_precision("fp32", "cpu") == "fp32"
 
 
-@pytest.mark.parametrize("cfg, words", [
-    (EngineConfig(kind="deepspeed", zero_stage=0, offload_optimizer=True), ["offload_optimizer", "zero_stage=0"]),
-    (EngineConfig(kind="torch", zero_stage=2), ["zero_stage=2", "kind='torch'"]),
-    (EngineConfig(kind="torch", offload_optimizer=True), ["offload_optimizer", "kind='torch'"]),
-    (EngineConfig(kind="deepspeed", zero_stage=0, precision="bf16"), ["precision='bf16'", "zero_stage=0"]),
-])
+@pytest.mark.parametrize(
+    "cfg, words",
+    [
+        (EngineConfig(kind="deepspeed", zero_stage=0, offload_optimizer=True), ["offload_optimizer", "zero_stage=0"]),
+        (EngineConfig(kind="torch", zero_stage=2), ["zero_stage=2", "kind='torch'"]),
+        (EngineConfig(kind="torch", offload_optimizer=True), ["offload_optimizer", "kind='torch'"]),
+        (EngineConfig(kind="deepspeed", zero_stage=0, precision="bf16"), ["precision='bf16'", "zero_stage=0"]),
+    ],
+)
 def test_bad_combinations_raise(cfg, words):
     with pytest.raises(ValueError) as err:
         build_engine(dc.tiny_model(), cfg, lr=1e-3, grad_clip=1.0)
@@ -184,8 +199,9 @@ def test_accumulate_step_refuses_an_empty_shard():
 
 # --------------------------------------------------------------------------- torch engine
 def test_torch_grad_accumulation_is_exact_in_float64():
-    runs = {mb: dc.run_check(EngineConfig(micro_batch_size=mb), steps=STEPS, dtype=torch.float64)
-            for mb in (None, 3, 1)}
+    runs = {
+        mb: dc.run_check(EngineConfig(micro_batch_size=mb), steps=STEPS, dtype=torch.float64) for mb in (None, 3, 1)
+    }
     for mb in (3, 1):
         assert_same_training(runs[None], runs[mb], atol=FP64_ATOL, norm_rtol=1e-10)
     # "loss" is the minibatch loss however it was split; and training did move the weights
@@ -199,9 +215,15 @@ def test_token_budget_accumulation_is_exact_in_float64():
     """Length-sorted chunks under a padded-token budget train exactly like the whole batch."""
     whole = dc.run_check(EngineConfig(micro_batch_tokens=None), steps=STEPS, dtype=torch.float64)
     for budget in (16, 40):
-        assert_same_training(whole, dc.run_check(EngineConfig(micro_batch_tokens=budget), steps=STEPS, dtype=torch.float64),
-                             atol=FP64_ATOL, norm_rtol=1e-10)
-    assert len(micro_batches(dc.synthetic_batch(), None, max_tokens=40, shape=dc.shape)) > 2  # the budget really split the batch
+        assert_same_training(
+            whole,
+            dc.run_check(EngineConfig(micro_batch_tokens=budget), steps=STEPS, dtype=torch.float64),
+            atol=FP64_ATOL,
+            norm_rtol=1e-10,
+        )
+    assert (
+        len(micro_batches(dc.synthetic_batch(), None, max_tokens=40, shape=dc.shape)) > 2
+    )  # the budget really split the batch
 
 
 def test_torch_grad_accumulation_fp32():
@@ -212,10 +234,12 @@ def test_torch_grad_accumulation_fp32():
 
 def _local_mean_loss_fn(module):
     """The classic bug: each micro-batch normalized by its own token count."""
+
     def loss_fn(chunk, counts):
         batch = dc._collate(chunk)
         logprobs = token_logprobs(completion_logits(module, batch), batch.completion_ids)
         return agg_loss(-logprobs, batch.loss_mask, "token_mean"), {}
+
     return loss_fn
 
 
@@ -240,11 +264,15 @@ def test_torch_bf16_autocasts_forward_and_keeps_fp32_weights():
 
 
 # --------------------------------------------------------------------------- resume
-@pytest.mark.parametrize("cfg", [
-    EngineConfig(micro_batch_size=3),
-    EngineConfig(kind="deepspeed", zero_stage=2, micro_batch_size=3),
-    EngineConfig(kind="deepspeed", zero_stage=3, micro_batch_size=3),
-], ids=["torch", "zero2", "zero3"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        EngineConfig(micro_batch_size=3),
+        EngineConfig(kind="deepspeed", zero_stage=2, micro_batch_size=3),
+        EngineConfig(kind="deepspeed", zero_stage=3, micro_batch_size=3),
+    ],
+    ids=["torch", "zero2", "zero3"],
+)
 def test_save_load_resumes_bit_for_bit(cfg, tmp_path):
     rows = dc.synthetic_batch()
     engine = dc.make_engine(cfg)
@@ -277,8 +305,9 @@ def test_deepspeed_grad_accumulation_matches_torch(stage, torch_fp32_reference):
 
 
 def test_deepspeed_offload_matches_torch(torch_fp32_reference):
-    run = dc.run_check(EngineConfig(kind="deepspeed", zero_stage=2, offload_optimizer=True, micro_batch_size=2),
-                       steps=STEPS)
+    run = dc.run_check(
+        EngineConfig(kind="deepspeed", zero_stage=2, offload_optimizer=True, micro_batch_size=2), steps=STEPS
+    )
     assert_same_training(torch_fp32_reference, run, atol=FP32_ATOL, norm_rtol=1e-3)
 
 
@@ -287,8 +316,21 @@ def test_deepspeed_offload_matches_torch(torch_fp32_reference):
 def test_rank_invariance_torch_float64(tmp_path):
     """2 ranks vs 1, odd batch (ranks get 4 and 3 rows), RL loss: exact up to float64 rounding."""
     args = dict(steps=STEPS, num_rows=7, loss="rl", dtype=torch.float64)
-    two = torchrun(tmp_path, "--engine", "torch", "--dtype", "float64", "--rows", "7", "--loss", "rl",
-                   "--micro-batch-size", "1", "--steps", str(STEPS))
+    two = torchrun(
+        tmp_path,
+        "--engine",
+        "torch",
+        "--dtype",
+        "float64",
+        "--rows",
+        "7",
+        "--loss",
+        "rl",
+        "--micro-batch-size",
+        "1",
+        "--steps",
+        str(STEPS),
+    )
     assert two[0]["world_size"] == 2
     one = dc.run_check(EngineConfig(micro_batch_size=1), **args)
     assert_same_training(one, two, atol=FP64_ATOL, norm_rtol=1e-10)
@@ -299,11 +341,25 @@ def test_rank_invariance_torch_float64(tmp_path):
 def test_rank_invariance_deepspeed(stage, rows, micro, loss, tmp_path):
     """2 DeepSpeed ranks vs 1 on the same global batch. The (3, 7, 1) case gives the ranks 4 and
     3 micro-batches: the short rank's filler pass keeps ZeRO-3's per-backward collectives paired."""
-    two = torchrun(tmp_path, "--engine", "deepspeed", "--zero-stage", str(stage), "--rows", str(rows),
-                   "--micro-batch-size", str(micro), "--loss", loss, "--steps", str(STEPS))
+    two = torchrun(
+        tmp_path,
+        "--engine",
+        "deepspeed",
+        "--zero-stage",
+        str(stage),
+        "--rows",
+        str(rows),
+        "--micro-batch-size",
+        str(micro),
+        "--loss",
+        loss,
+        "--steps",
+        str(STEPS),
+    )
     assert two[0]["world_size"] == 2
-    one = dc.run_check(EngineConfig(kind="deepspeed", zero_stage=stage, micro_batch_size=micro), steps=STEPS,
-                       num_rows=rows, loss=loss)
+    one = dc.run_check(
+        EngineConfig(kind="deepspeed", zero_stage=stage, micro_batch_size=micro), steps=STEPS, num_rows=rows, loss=loss
+    )
     assert_same_training(one, two, atol=FP32_ATOL, norm_rtol=1e-3)
 
 

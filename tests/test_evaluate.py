@@ -32,12 +32,18 @@ def test_promotion_needs_a_measurable_gain():
 
 
 def test_summarize_reports_levels():
-    rows = [{"task_id": "a", "family": "arithmetic", "level": 1, "score": 1.0, "tool_call_rate": 0.0, "turns": 1},
-            {"task_id": "b", "family": "arithmetic", "level": 3, "score": 0.0, "tool_call_rate": 1.0, "turns": 2},
-            {"task_id": "c", "family": "search", "level": 2, "score": 1.0, "tool_call_rate": 1.0, "turns": 3}]
+    rows = [
+        {"task_id": "a", "family": "arithmetic", "level": 1, "score": 1.0, "tool_call_rate": 0.0, "turns": 1},
+        {"task_id": "b", "family": "arithmetic", "level": 3, "score": 0.0, "tool_call_rate": 1.0, "turns": 2},
+        {"task_id": "c", "family": "search", "level": 2, "score": 1.0, "tool_call_rate": 1.0, "turns": 3},
+    ]
     s = summarize(rows, 0.95)
     assert s["pass_at_1"] == pytest.approx(2 / 3) and s["mean_turns"] == 2.0
-    assert s["arithmetic/pass_at_1"] == 0.5 and s["arithmetic/level_1/pass_at_1"] == 1.0 and s["arithmetic/level_3/tool_call_rate"] == 1.0
+    assert (
+        s["arithmetic/pass_at_1"] == 0.5
+        and s["arithmetic/level_1/pass_at_1"] == 1.0
+        and s["arithmetic/level_3/tool_call_rate"] == 1.0
+    )
     assert s["search/pass_at_1"] == 1.0 and s["search/level_2/pass_at_1"] == 1.0
 
 

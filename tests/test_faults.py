@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 from dagster import build_asset_context
+from test_storage import s3_bucket  # noqa: F401  (the moto S3 server fixture)
 
 from assets.artifacts import CorruptArtifact, StorageUnavailable, exists, read_verified_bytes, write_bytes
 from assets.resources import ArtifactStore
@@ -39,7 +40,6 @@ from assets.retry import Backoff, StoreUnavailable, backoff_delays, call_with_re
 from assets.tracking import MLflowTracker, store_unavailable
 from configs.schema import RewardConfig, VerifierSpec
 from environments.tools import CodeInterpreter
-from test_storage import s3_bucket  # noqa: F401  (the moto S3 server fixture)
 from training.rollout import RolloutEngineError, run_episodes
 from training.rollout_engines import Generation, HFEngine, VLLMEngine
 from verifiers.base import Verdict, register
@@ -125,8 +125,16 @@ def test_transient_errors_are_retried_until_the_call_succeeds():
             raise ConnectionError("connection refused")
         return "logged"
 
-    result = call_with_retries(flaky, operation="log_batch('run-1')", store="MLflow tracking store http://x", is_transient=store_unavailable,
-                               policy=Backoff(attempts=6, first_delay_s=1.0), sleep=clock.sleep, clock=lambda: clock.now, rng=random.Random(0))
+    result = call_with_retries(
+        flaky,
+        operation="log_batch('run-1')",
+        store="MLflow tracking store http://x",
+        is_transient=store_unavailable,
+        policy=Backoff(attempts=6, first_delay_s=1.0),
+        sleep=clock.sleep,
+        clock=lambda: clock.now,
+        rng=random.Random(0),
+    )
     assert result == "logged" and len(calls) == 4 and len(clock.sleeps) == 3
     assert clock.sleeps[0] < clock.sleeps[1] < clock.sleeps[2]  # exponential: each step doubles
 
@@ -136,7 +144,9 @@ def test_an_answer_is_not_retried_and_a_lasting_outage_fails_naming_store_operat
 
     clock = Clock()
     store = "MLflow tracking store http://flywheel:s3cret@mlflow:5000"
-    kwargs = dict(store=store, is_transient=store_unavailable, sleep=clock.sleep, clock=lambda: clock.now, rng=random.Random(0))
+    kwargs = dict(
+        store=store, is_transient=store_unavailable, sleep=clock.sleep, clock=lambda: clock.now, rng=random.Random(0)
+    )
 
     def missing():
         raise mlflow_error("Run 'r1' not found", "RESOURCE_DOES_NOT_EXIST")
@@ -159,19 +169,29 @@ def test_an_answer_is_not_retried_and_a_lasting_outage_fails_naming_store_operat
     # pause is 1-2 s; after it, the second, 2-4 s, would end past 2.5 s whatever the jitter draws)
     clock = Clock()
     with pytest.raises(StoreUnavailable, match=r"failed 2 time\(s\) over"):
-        call_with_retries(locked, operation="log_batch('r1')", store=store, is_transient=store_unavailable, sleep=clock.sleep,
-                          clock=lambda: clock.now, policy=Backoff(attempts=10, first_delay_s=2.0, max_delay_s=60.0, budget_s=2.5))
+        call_with_retries(
+            locked,
+            operation="log_batch('r1')",
+            store=store,
+            is_transient=store_unavailable,
+            sleep=clock.sleep,
+            clock=lambda: clock.now,
+            policy=Backoff(attempts=10, first_delay_s=2.0, max_delay_s=60.0, budget_s=2.5),
+        )
     assert len(clock.sleeps) == 1 and clock.now <= 2.5
 
 
-@pytest.mark.parametrize("code, transient", [
-    ("TEMPORARILY_UNAVAILABLE", True),  # sqlite locked / unreadable, HTTP 503
-    ("INTERNAL_ERROR", True),  # a server that cannot be reached
-    ("REQUEST_LIMIT_EXCEEDED", True),  # HTTP 429
-    ("RESOURCE_DOES_NOT_EXIST", False),
-    ("RESOURCE_ALREADY_EXISTS", False),
-    ("INVALID_PARAMETER_VALUE", False),  # e.g. an alias that is not set: "no champion" is an answer
-])
+@pytest.mark.parametrize(
+    "code, transient",
+    [
+        ("TEMPORARILY_UNAVAILABLE", True),  # sqlite locked / unreadable, HTTP 503
+        ("INTERNAL_ERROR", True),  # a server that cannot be reached
+        ("REQUEST_LIMIT_EXCEEDED", True),  # HTTP 429
+        ("RESOURCE_DOES_NOT_EXIST", False),
+        ("RESOURCE_ALREADY_EXISTS", False),
+        ("INVALID_PARAMETER_VALUE", False),  # e.g. an alias that is not set: "no champion" is an answer
+    ],
+)
 def test_which_mlflow_errors_mean_the_store_is_unavailable(code, transient):
     assert store_unavailable(mlflow_error("x", code)) is transient
 
@@ -198,7 +218,9 @@ def test_metrics_logged_while_another_process_holds_the_sqlite_store_locked_arri
     """The local store: MLflow waits 20 s for a sqlite lock (its busy_timeout) and then gives up;
     a lock held longer (a long commit, a stuck writer) is ridden out by the tracker's retries."""
     db = tmp_path / "mlflow.db"
-    tracker = MLflowTracker(tracking_uri=f"sqlite:///{db}", artifact_location=str(tmp_path / "mlartifacts"), retry_first_delay_s=0.5)
+    tracker = MLflowTracker(
+        tracking_uri=f"sqlite:///{db}", artifact_location=str(tmp_path / "mlartifacts"), retry_first_delay_s=0.5
+    )
     with tracker.run(build_asset_context(partition_key="1"), "rl_round", {"rl": {"learning_rate": 1e-5}}) as run_id:
         tracker.log_history(run_id, history(range(1, 11)))
         locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(db), "22"], stdout=subprocess.PIPE, text=True)
@@ -234,13 +256,22 @@ class TrackingServer:
     def __init__(self, tmp_path):
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "_MLFLOW_SERVER_FILE_STORE": f"sqlite:///{tmp_path}/server.db",
-                    "_MLFLOW_SERVER_ARTIFACT_ROOT": str(tmp_path / "server-artifacts")}
+        self.env = {
+            **os.environ,
+            "_MLFLOW_SERVER_FILE_STORE": f"sqlite:///{tmp_path}/server.db",
+            "_MLFLOW_SERVER_ARTIFACT_ROOT": str(tmp_path / "server-artifacts"),
+        }
         self.proc = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(self.port)], env=self.env, cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(self.port)],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         assert self.proc.stdout.readline().strip() == "listening"
 
     def kill(self) -> None:
@@ -279,12 +310,20 @@ def test_metrics_logged_while_the_tracking_server_is_down_arrive_once_it_is_back
 def test_a_tracking_server_that_stays_down_fails_the_call_naming_the_uri_and_the_operation(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as above: only the tracker's retries
     port = free_port()  # nothing listens there: a server that is gone for good
-    tracker = MLflowTracker(tracking_uri=f"http://flywheel:s3cret@127.0.0.1:{port}", retry_attempts=3, retry_first_delay_s=0.2, retry_budget_s=10)
+    tracker = MLflowTracker(
+        tracking_uri=f"http://flywheel:s3cret@127.0.0.1:{port}",
+        retry_attempts=3,
+        retry_first_delay_s=0.2,
+        retry_budget_s=10,
+    )
     start = time.monotonic()
     with pytest.raises(StoreUnavailable) as err:
         tracker.log_metrics("0123abcd", {"reward/total/mean": 0.5})
     message = str(err.value)
-    assert f"MLflow tracking store http://***@127.0.0.1:{port} unavailable: log_batch('0123abcd') failed 3 time(s)" in message, message
+    assert (
+        f"MLflow tracking store http://***@127.0.0.1:{port} unavailable: log_batch('0123abcd') failed 3 time(s)"
+        in message
+    ), message
     assert "s3cret" not in message
     assert time.monotonic() - start < 10
     # An outage is never taken for an answer: "no champion" would let the benchmark gate promote
@@ -297,8 +336,10 @@ def test_a_tracking_server_that_stays_down_fails_the_call_naming_the_uri_and_the
 
 
 # =============================================================================== S3 endpoint failing
-UNAVAILABLE = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
-               b"<Message>Service is unable to handle the request.</Message><RequestId>flaky</RequestId></Error>")
+UNAVAILABLE = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
+    b"<Message>Service is unable to handle the request.</Message><RequestId>flaky</RequestId></Error>"
+)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade", "expect"}
 
 
@@ -362,8 +403,12 @@ class FlakyEndpoint:
             return
         upstream = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
         try:  # the Host header goes through unchanged: the request's signature covers it
-            upstream.request(handler.command, handler.path, body=body,
-                             headers={k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP})
+            upstream.request(
+                handler.command,
+                handler.path,
+                body=body,
+                headers={k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP},
+            )
             response = upstream.getresponse()
             data = response.read()
         finally:
@@ -417,11 +462,15 @@ def test_s3_failing_for_a_while_is_retried_and_artifacts_are_written_and_read_wh
     proxy.fail_next(2)  # datasets and records (the IO manager's path)
     write_bytes(f"{root}/assets/verified_rewards/1.parquet", b"PAR1" + b"r" * 300, "verified_rewards[1]")
     proxy.fail_next(2)
-    assert read_verified_bytes(f"{root}/assets/verified_rewards/1.parquet", "verified_rewards[1]") == b"PAR1" + b"r" * 300
+    assert (
+        read_verified_bytes(f"{root}/assets/verified_rewards/1.parquet", "verified_rewards[1]") == b"PAR1" + b"r" * 300
+    )
     assert proxy.failed == 11
 
 
-def test_an_s3_endpoint_that_goes_down_mid_upload_fails_naming_key_and_endpoint_and_no_reader_accepts_the_rest(flaky_s3, tmp_path, monkeypatch):
+def test_an_s3_endpoint_that_goes_down_mid_upload_fails_naming_key_and_endpoint_and_no_reader_accepts_the_rest(
+    flaky_s3, tmp_path, monkeypatch
+):
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # botocore's own setting, which the store honours: keeps the test short
     root, proxy = flaky_s3
     store = ArtifactStore(root=root, cache_dir=str(tmp_path / "cache"))
@@ -431,18 +480,25 @@ def test_an_s3_endpoint_that_goes_down_mid_upload_fails_naming_key_and_endpoint_
     with pytest.raises(StorageUnavailable) as err:
         _write_checkpoint(store, b"v2" * 2048)
     message = str(err.value)
-    assert f"upload of artifact checkpoints/sft: file {root}/checkpoints/sft/model.safetensors failed at endpoint {proxy.url}" in message, message
+    assert (
+        f"upload of artifact checkpoints/sft: file {root}/checkpoints/sft/model.safetensors failed at endpoint {proxy.url}"
+        in message
+    ), message
     assert "mode, 2 attempts)" in message
     proxy.up()
     with pytest.raises(CorruptArtifact, match="no manifest"):  # half old, half new: refused, never trusted
         ArtifactStore(root=root, cache_dir=str(tmp_path / "fresh-cache")).local_path(uri)
     _write_checkpoint(store, b"v2" * 2048)  # the step's retry, once S3 is back, writes it whole
-    assert (ArtifactStore(root=root, cache_dir=str(tmp_path / "cache-2")).local_path(uri) / "model.safetensors").read_bytes() == b"v2" * 2048
+    assert (
+        ArtifactStore(root=root, cache_dir=str(tmp_path / "cache-2")).local_path(uri) / "model.safetensors"
+    ).read_bytes() == b"v2" * 2048
 
     url = f"{root}/assets/rollout_batches/1.parquet"  # a dataset: its data lands, its manifest does not
     write_bytes(url, b"PAR1" + b"a" * 100, "rollout_batches[1]")
     proxy.go_down_at(lambda method, path: method == "PUT" and path.endswith(".manifest.json"))
-    with pytest.raises(StorageUnavailable, match=rf"writing artifact rollout_batches\[1\] to {url} failed at endpoint {proxy.url}"):
+    with pytest.raises(
+        StorageUnavailable, match=rf"writing artifact rollout_batches\[1\] to {url} failed at endpoint {proxy.url}"
+    ):
         write_bytes(url, b"PAR1" + b"b" * 100, "rollout_batches[1]")
     proxy.up()
     with pytest.raises(CorruptArtifact, match="no manifest"):
@@ -458,7 +514,9 @@ def arithmetic_tasks(warm_policy, n: int) -> list[dict]:
     return [t for t in warm_policy.tasks if t["family"] == "arithmetic"][:n]
 
 
-def test_an_hf_engine_dying_mid_batch_fails_the_rollout_naming_the_engine_and_leaves_nothing_running(warm_policy, micro_cfg, sandbox):
+def test_an_hf_engine_dying_mid_batch_fails_the_rollout_naming_the_engine_and_leaves_nothing_running(
+    warm_policy, micro_cfg, sandbox
+):
     model, tok = warm_policy.model, warm_policy.tokenizer
     prefills = []
 
@@ -473,17 +531,28 @@ def test_an_hf_engine_dying_mid_batch_fails_the_rollout_naming_the_engine_and_le
     try:
         with pytest.raises(RolloutEngineError) as err:
             # seed 2: two of the 8 episodes call the tool on their first turn, so there is a second turn to die in
-            run_episodes(HFEngine(model), tok, arithmetic_tasks(warm_policy, 4), group_size=2, tools={"code": CodeInterpreter(sandbox)},
-                         cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(2))
+            run_episodes(
+                HFEngine(model),
+                tok,
+                arithmetic_tasks(warm_policy, 4),
+                group_size=2,
+                tools={"code": CodeInterpreter(sandbox)},
+                cfg=micro_cfg.rollout,
+                generator=torch.Generator().manual_seed(2),
+            )
     finally:
         handle.remove()
-    assert "rollout engine 'hf' failed in generate with" in str(err.value) and "of 8 episodes unfinished" in str(err.value)
+    assert "rollout engine 'hf' failed in generate with" in str(err.value) and "of 8 episodes unfinished" in str(
+        err.value
+    )
     assert "illegal memory access" in str(err.value) and isinstance(err.value.__cause__, RuntimeError)
     assert model.training == was_training, "the model goes back to the trainer in the mode it came in"
     assert processes_under(sandbox) == resting and sandbox.run_python("print(1)").ok
 
 
-def test_a_vllm_engine_closed_mid_batch_fails_the_rollout_ends_every_session_and_waits_for_its_tools(warm_policy, micro_cfg, sandbox):
+def test_a_vllm_engine_closed_mid_batch_fails_the_rollout_ends_every_session_and_waits_for_its_tools(
+    warm_policy, micro_cfg, sandbox
+):
     engine = VLLMEngine.from_model(warm_policy.model, warm_policy.tokenizer, micro_cfg.rollout, seed=0)
     tool_running, tool_done, closed_mid_tool = threading.Event(), threading.Event(), []
 
@@ -506,9 +575,19 @@ def test_a_vllm_engine_closed_mid_batch_fails_the_rollout_ends_every_session_and
     engine.poll = poll_until_closed
     resting = processes_under(sandbox)
     try:
-        with pytest.raises(RolloutEngineError, match=r"rollout engine 'vllm' failed in poll with \d+ of 8 episodes unfinished.*AttributeError"):
-            run_episodes(engine, warm_policy.tokenizer, arithmetic_tasks(warm_policy, 4), group_size=2, tools={"code": SlowCode(sandbox)},
-                         cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+        with pytest.raises(
+            RolloutEngineError,
+            match=r"rollout engine 'vllm' failed in poll with \d+ of 8 episodes unfinished.*AttributeError",
+        ):
+            run_episodes(
+                engine,
+                warm_policy.tokenizer,
+                arithmetic_tasks(warm_policy, 4),
+                group_size=2,
+                tools={"code": SlowCode(sandbox)},
+                cfg=micro_cfg.rollout,
+                generator=torch.Generator().manual_seed(0),
+            )
         assert closed_mid_tool == [True], "the engine died while a tool batch was running"
         assert engine._sessions == {} and engine._running == {}, "every session and turn in flight was ended"
         assert processes_under(sandbox) == resting, "run_episodes returned only after the tool batch in flight finished"
@@ -532,9 +611,20 @@ def test_an_rl_step_whose_engine_dies_fails_naming_it_and_reports_nothing_of_tha
     policy.register_forward_pre_hook(dies_once_armed, with_kwargs=True)
     rl = micro_cfg.rl.model_copy(update={"steps_per_round": 2, "prompts_per_step": 2, "group_size": 2, "kl_coef": 0.0})
     with pytest.raises(RolloutEngineError, match="rollout engine 'hf' failed in generate.*out of memory"):
-        train_round(policy, None, warm_policy.tokenizer, warm_policy.tasks, warm_policy.tools, rl=rl,
-                    rollout=micro_cfg.rollout.model_copy(update={"engine": "hf"}), cascade=Cascade(RewardConfig()),
-                    round_index=1, policy_version="t", seed=0, on_step=on_step)
+        train_round(
+            policy,
+            None,
+            warm_policy.tokenizer,
+            warm_policy.tasks,
+            warm_policy.tools,
+            rl=rl,
+            rollout=micro_cfg.rollout.model_copy(update={"engine": "hf"}),
+            cascade=Cascade(RewardConfig()),
+            round_index=1,
+            policy_version="t",
+            seed=0,
+            on_step=on_step,
+        )
     assert reported == [1], "the failed step reported no metrics and returned no rollouts"
 
 
@@ -562,20 +652,35 @@ class ScriptedPolicy:
 def test_tool_timeouts_and_crashes_become_error_observations_and_the_episodes_go_on(tokenizer_and_tasks, micro_cfg):
     tok, tasks = tokenizer_and_tasks
     tasks = list({t["prompt"]: t for t in tasks}.values())[:4]
-    scripts = dict(zip([t["task_id"] for t in tasks], [
-        "while True:\n    pass",  # runs past the wall clock
-        "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",  # crashes
-        "raise ValueError('bad input')",  # raises
-        "print(6 * 7)",  # and one that works, in the same batch
-    ]))
+    scripts = dict(
+        zip(
+            [t["task_id"] for t in tasks],
+            [
+                "while True:\n    pass",  # runs past the wall clock
+                "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",  # crashes
+                "raise ValueError('bad input')",  # raises
+                "print(6 * 7)",  # and one that works, in the same batch
+            ],
+        )
+    )
     with sandbox_pool(SandboxLimits(timeout_s=1.0, cpu_s=2), pool_size=2) as box:
         start = time.monotonic()
-        episodes = run_episodes(ScriptedPolicy(tok, scripts, tasks), tok, tasks, group_size=1, tools={"code": CodeInterpreter(box)},
-                                cfg=micro_cfg.rollout)
+        episodes = run_episodes(
+            ScriptedPolicy(tok, scripts, tasks),
+            tok,
+            tasks,
+            group_size=1,
+            tools={"code": CodeInterpreter(box)},
+            cfg=micro_cfg.rollout,
+        )
         assert time.monotonic() - start < 10
         calls = [e.tool_calls[0] for e in episodes]
         assert [c["error"] for c in calls] == ["timeout", "killed:SIGSEGV", "nonzero_exit", None]
-        assert calls[0]["result"] == "timeout\n" and calls[2]["result"] == "ValueError: bad input\n" and calls[3]["result"] == "42\n"
+        assert (
+            calls[0]["result"] == "timeout\n"
+            and calls[2]["result"] == "ValueError: bad input\n"
+            and calls[3]["result"] == "42\n"
+        )
         assert all(e.stop_reason == "answer" and e.turns == 2 for e in episodes), "each episode went on to its answer"
 
         # the sandbox worker itself dies mid-call (OOM-killed, say): an error observation too
@@ -593,8 +698,14 @@ def test_tool_timeouts_and_crashes_become_error_observations_and_the_episodes_go
 
         killer = threading.Thread(target=kill_the_busy_worker)
         killer.start()
-        [episode] = run_episodes(ScriptedPolicy(tok, sleeper, tasks[:1]), tok, tasks[:1], group_size=1, tools={"code": CodeInterpreter(box)},
-                                 cfg=micro_cfg.rollout)
+        [episode] = run_episodes(
+            ScriptedPolicy(tok, sleeper, tasks[:1]),
+            tok,
+            tasks[:1],
+            group_size=1,
+            tools={"code": CodeInterpreter(box)},
+            cfg=micro_cfg.rollout,
+        )
         killer.join()
         assert episode.tool_calls[0]["error"].startswith("sandbox_failure: worker died"), episode.tool_calls
         assert episode.stop_reason == "answer"
@@ -648,7 +759,9 @@ def _sandboxed_equals(prediction, task, *, sandbox):
 
 def test_a_verifier_raising_in_the_sandboxed_tier_is_unscorable_and_earns_nothing(sandbox):
     task = {"task_id": "t1", "family": "arithmetic", "answer": "42", "level": 1}
-    cascade = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="fault_test_sandboxed_equals")}), sandbox, concurrency=4)
+    cascade = Cascade(
+        RewardConfig(verifiers={"arithmetic": VerifierSpec(name="fault_test_sandboxed_equals")}), sandbox, concurrency=4
+    )
     answers = ["42", "41", "forty-two", "42"]
     rewards = cascade.score_many([(Candidate([f"<answer>{a}</answer>"], 8), task) for a in answers])
     assert [r.outcome for r in rewards] == [1.0, 0.0, None, 1.0]
@@ -657,7 +770,9 @@ def test_a_verifier_raising_in_the_sandboxed_tier_is_unscorable_and_earns_nothin
     assert cascade.metrics()["verifier/verify/unscorable"] == 1.0
 
 
-def test_an_unscorable_trajectory_moves_no_advantage_its_whole_group_leaves_the_update(tokenizer_and_tasks, micro_cfg, sandbox):
+def test_an_unscorable_trajectory_moves_no_advantage_its_whole_group_leaves_the_update(
+    tokenizer_and_tasks, micro_cfg, sandbox
+):
     from configs.schema import RLConfig
     from training.algorithms import resolve_algorithm
     from training.model import build_model
@@ -666,16 +781,34 @@ def test_an_unscorable_trajectory_moves_no_advantage_its_whole_group_leaves_the_
 
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=4)
-    episodes = run_episodes(HFEngine(policy), tok, tasks[:2], group_size=4, tools={"code": CodeInterpreter(sandbox)}, cfg=micro_cfg.rollout,
-                            generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        HFEngine(policy),
+        tok,
+        tasks[:2],
+        group_size=4,
+        tools={"code": CodeInterpreter(sandbox)},
+        cfg=micro_cfg.rollout,
+        generator=torch.Generator().manual_seed(0),
+    )
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
     scores = score_records(records, {t["task_id"]: t for t in tasks}, tok, Cascade(RewardConfig(), sandbox))
     for i, score in enumerate(scores):  # two informative groups
         score["outcome"], score["reward"] = float(i % 2), float(i % 2)
     scores[0]["outcome"], scores[0]["reward"] = None, 0.1  # its verifier crashed; 0.1 of shaping remains
     rl = RLConfig(algorithm="grpo", kl_coef=0.0, drop_zero_variance_groups=False)
-    samples, _ = prepare_samples(records, scores, resolve_algorithm(rl), rl, policy=policy, reference=None, critic=None, temperature=1.0,
-                                 pad_id=tok.eos_token_id)
+    samples, _ = prepare_samples(
+        records,
+        scores,
+        resolve_algorithm(rl),
+        rl,
+        policy=policy,
+        reference=None,
+        critic=None,
+        temperature=1.0,
+        pad_id=tok.eos_token_id,
+    )
     trained_groups = {s.record["group_id"] for s in samples}
     assert records[4]["group_id"] in trained_groups  # the other group trains
-    assert records[0]["group_id"] not in trained_groups, "the crashed verifier's group must not train on a baseline it set"
+    assert records[0]["group_id"] not in trained_groups, (
+        "the crashed verifier's group must not train on a baseline it set"
+    )

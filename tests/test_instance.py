@@ -20,8 +20,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_path, monkeypatch, cluster_env):
-    printed = subprocess.run([sys.executable, "-m", "pipelines.instance", "--profile", "cluster", "--set", "orchestration.k8s.gpu_pool_limit=2"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.instance",
+            "--profile",
+            "cluster",
+            "--set",
+            "orchestration.k8s.gpu_pool_limit=2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert printed.returncode == 0, printed.stderr
     (tmp_path / "dagster.yaml").write_text(printed.stdout)
     config, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError on a wrong key or type
@@ -30,15 +43,28 @@ def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_pat
 
     assert config["storage"]["postgres"]["postgres_db"]["hostname"] == {"env": "DAGSTER_PG_HOST"}
     # what the pods' env (from the flywheel-env secret) provides
-    for var, value in {"DAGSTER_PG_HOST": "flywheel.abc.rds.amazonaws.com", "DAGSTER_PG_USER": "dagster", "DAGSTER_PG_PASSWORD": "s3cret",
-                       "DAGSTER_PG_DB": "dagster"}.items():
+    for var, value in {
+        "DAGSTER_PG_HOST": "flywheel.abc.rds.amazonaws.com",
+        "DAGSTER_PG_USER": "dagster",
+        "DAGSTER_PG_PASSWORD": "s3cret",
+        "DAGSTER_PG_DB": "dagster",
+    }.items():
         monkeypatch.setenv(var, value)
-    for cls, section in ((DagsterPostgresStorage, config["storage"]["postgres"]), (K8sRunLauncher, config["run_launcher"]["config"])):
+    for cls, section in (
+        (DagsterPostgresStorage, config["storage"]["postgres"]),
+        (K8sRunLauncher, config["run_launcher"]["config"]),
+    ):
         checked = process_config(cls.config_type(), section)
         assert checked.success, (cls.__name__, checked.errors)
         if cls is DagsterPostgresStorage:
-            assert checked.value["postgres_db"]["hostname"] == "flywheel.abc.rds.amazonaws.com" and checked.value["postgres_db"]["port"] == 5432
-    assert config["run_launcher"]["class"] == "K8sRunLauncher" and config["run_launcher"]["config"]["job_namespace"] == "flywheel"
+            assert (
+                checked.value["postgres_db"]["hostname"] == "flywheel.abc.rds.amazonaws.com"
+                and checked.value["postgres_db"]["port"] == 5432
+            )
+    assert (
+        config["run_launcher"]["class"] == "K8sRunLauncher"
+        and config["run_launcher"]["config"]["job_namespace"] == "flywheel"
+    )
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     assert config["concurrency"]["pools"] == {"granularity": "op", "default_limit": 2}
     assert config["run_monitoring"]["enabled"] and config["run_retries"]["max_retries"] == 1
@@ -47,10 +73,26 @@ def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_pat
 def test_local_profiles_keep_the_sqlite_instance(cluster_env):
     assert instance_yaml(load_profile("tiny", {})) == LOCAL_SETTINGS
     local = yaml.safe_load(LOCAL_SETTINGS)
-    assert "storage" not in local and local["run_monitoring"] == cluster_settings(load_profile("cluster", {}))["run_monitoring"]
+    assert (
+        "storage" not in local
+        and local["run_monitoring"] == cluster_settings(load_profile("cluster", {}))["run_monitoring"]
+    )
 
 
 def test_a_bad_override_names_the_field(cluster_env):
-    printed = subprocess.run([sys.executable, "-m", "pipelines.instance", "--profile", "cluster", "--set", "orchestration.k8s.gpu_pool_limit=0"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.instance",
+            "--profile",
+            "cluster",
+            "--set",
+            "orchestration.k8s.gpu_pool_limit=0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert printed.returncode == 2 and "orchestration.k8s.gpu_pool_limit" in printed.stderr and not printed.stdout

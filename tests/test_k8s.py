@@ -20,12 +20,29 @@ from tests.conftest import CLUSTER_ENV
 # in their step pods instead (`launcher: in_process`), the other way a cluster can be used.
 GPU_STEPS = {"base_benchmark_scores", "rl_round", "sft_benchmark_scores", "benchmark_scores", "sft_checkpoint"}
 # What the Helm chart's K8sRunLauncher contributes to every step pod (not ours to test).
-RUN_LAUNCHER = SimpleNamespace(job_image=None, dagster_home="/opt/dagster/dagster_home", instance_config_map="dagster-instance",
-                               postgres_password_secret="dagster-postgresql-secret", image_pull_policy="IfNotPresent",
-                               image_pull_secrets=[], service_account_name=None, env_config_maps=[], env_secrets=[], env_vars=[],
-                               volume_mounts=[], volumes=[], labels={}, resources={}, scheduler_name=None, security_context={},
-                               run_k8s_config=UserDefinedDagsterK8sConfig(), only_allow_user_defined_k8s_config_fields=None,
-                               only_allow_user_defined_env_vars=None, fail_pod_on_run_failure=None, job_namespace="flywheel")
+RUN_LAUNCHER = SimpleNamespace(
+    job_image=None,
+    dagster_home="/opt/dagster/dagster_home",
+    instance_config_map="dagster-instance",
+    postgres_password_secret="dagster-postgresql-secret",
+    image_pull_policy="IfNotPresent",
+    image_pull_secrets=[],
+    service_account_name=None,
+    env_config_maps=[],
+    env_secrets=[],
+    env_vars=[],
+    volume_mounts=[],
+    volumes=[],
+    labels={},
+    resources={},
+    scheduler_name=None,
+    security_context={},
+    run_k8s_config=UserDefinedDagsterK8sConfig(),
+    only_allow_user_defined_k8s_config_fields=None,
+    only_allow_user_defined_env_vars=None,
+    fail_pod_on_run_failure=None,
+    job_namespace="flywheel",
+)
 
 
 def cluster_definitions(tmp_path_factory, overrides: dict):
@@ -60,27 +77,49 @@ def cluster_executor_config(defs) -> dict:
 def pod_spec(executor_config: dict, op: str):
     """The V1Job dagster-k8s would create for `op`'s step: executor-level context (namespace,
     service account, step_k8s_config), then the step's own override, as its step handler merges."""
-    executor_level = K8sContainerContext(namespace=executor_config["job_namespace"], service_account_name=executor_config["service_account_name"],
-                                         run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["step_k8s_config"]))
+    executor_level = K8sContainerContext(
+        namespace=executor_config["job_namespace"],
+        service_account_name=executor_config["service_account_name"],
+        run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["step_k8s_config"]),
+    )
     context = executor_level.merge(
-        K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["per_step_k8s_config"].get(op, {}))))
+        K8sContainerContext(
+            run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(executor_config["per_step_k8s_config"].get(op, {}))
+        )
+    )
     # The executor's job_image when the profile sets one (K8sStepHandler._get_image), else the run's image.
-    job_config = context.get_k8s_job_config(executor_config.get("job_image") or "registry.example/flywheel:test", RUN_LAUNCHER)
-    return construct_dagster_k8s_job(job_config, ["dagster", "api", "execute_step"], f"dagster-step-{op.replace('_', '-')}",
-                                     user_defined_k8s_config=context.run_k8s_config, pod_name=f"dagster-step-{op.replace('_', '-')}",
-                                     component="step_worker", labels={"dagster/op": op})
+    job_config = context.get_k8s_job_config(
+        executor_config.get("job_image") or "registry.example/flywheel:test", RUN_LAUNCHER
+    )
+    return construct_dagster_k8s_job(
+        job_config,
+        ["dagster", "api", "execute_step"],
+        f"dagster-step-{op.replace('_', '-')}",
+        user_defined_k8s_config=context.run_k8s_config,
+        pod_name=f"dagster-step-{op.replace('_', '-')}",
+        component="step_worker",
+        labels={"dagster/op": op},
+    )
 
 
 def test_cluster_definitions_use_the_k8s_executor_with_gpu_steps(cluster):
     config = cluster_executor_config(cluster)
     assert config["job_namespace"] == "flywheel" and config["service_account_name"] == "flywheel-runner"
-    ops = {node.name for job in ("foundation", "rl_round_job") for node in cluster.resolve_job_def(job).graph.node_dict.values()}
+    ops = {
+        node.name
+        for job in ("foundation", "rl_round_job")
+        for node in cluster.resolve_job_def(job).graph.node_dict.values()
+    }
     assert set(config["per_step_k8s_config"]) == GPU_STEPS and GPU_STEPS <= ops
 
 
 def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
     config = cluster_executor_config(cluster)
-    ops = {node.name for job in ("foundation", "rl_round_job") for node in cluster.resolve_job_def(job).graph.node_dict.values()}
+    ops = {
+        node.name
+        for job in ("foundation", "rl_round_job")
+        for node in cluster.resolve_job_def(job).graph.node_dict.values()
+    }
     assert GPU_STEPS <= ops
     for op in sorted(ops):
         job = pod_spec(config, op)
@@ -105,8 +144,14 @@ def test_gpu_step_pods_request_gpus_on_gpu_nodes_and_cpu_steps_do_not(cluster):
 
 def test_gpu_count_and_node_group_come_from_the_profile(tmp_path, monkeypatch, cluster_env):
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
-    defs = build_definitions("cluster", {"orchestration.k8s.gpus_per_step": 4, "orchestration.k8s.gpu_node_selector": {"pool": "a100"},
-                                         "orchestration.launcher": "in_process"})
+    defs = build_definitions(
+        "cluster",
+        {
+            "orchestration.k8s.gpus_per_step": 4,
+            "orchestration.k8s.gpu_node_selector": {"pool": "a100"},
+            "orchestration.launcher": "in_process",
+        },
+    )
     spec = pod_spec(cluster_executor_config(defs), "rl_round").spec.template.spec
     assert spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" and spec.node_selector == {"pool": "a100"}
 
@@ -129,16 +174,33 @@ def test_each_heavy_step_is_launched_in_its_own_gpu_pod_through_pipes(launched, 
 
     launcher = launched.resources["launcher"]
     assert launcher.kind == "k8s" and launcher.namespace == "flywheel" and launcher.nproc_per_node == 4
-    pod = build_pod_body(f"flywheel-{job}", "registry.example/flywheel:test", launcher.command(job), {"DAGSTER_PIPES_CONTEXT": "x"},
-                         {"labels": {"flywheel/job": job}}, json.loads(launcher.pod_spec_json))
+    pod = build_pod_body(
+        f"flywheel-{job}",
+        "registry.example/flywheel:test",
+        launcher.command(job),
+        {"DAGSTER_PIPES_CONTEXT": "x"},
+        {"labels": {"flywheel/job": job}},
+        json.loads(launcher.pod_spec_json),
+    )
     spec, container = pod.spec, pod.spec.containers[0]
-    assert container.command == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "assets.jobs", job]
+    assert container.command == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+        "-m",
+        "assets.jobs",
+        job,
+    ]
     assert container.image == "registry.example/flywheel:test"
     assert container.resources.limits["nvidia.com/gpu"] == "4" and container.resources.requests["nvidia.com/gpu"] == "4"
     assert spec.node_selector == {"flywheel/node-pool": "gpu"} and "nvidia.com/gpu" in {t.key for t in spec.tolerations}
     assert spec.service_account_name == "flywheel-runner" and spec.restart_policy == "Never"
     assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["flywheel-env"]
-    assert [(e.name, e.value) for e in container.env] == [("DAGSTER_PIPES_CONTEXT", "x")]  # how the job finds its context
+    assert [(e.name, e.value) for e in container.env] == [
+        ("DAGSTER_PIPES_CONTEXT", "x")
+    ]  # how the job finds its context
 
 
 def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch, cluster_env):
@@ -146,7 +208,9 @@ def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch, 
     steps keep the user-code image (docker/dagster.Dockerfile)."""
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
     trainer = "registry.example/flywheel-trainer:1.0"
-    defs = build_definitions("cluster", {"orchestration.k8s.gpu_image": trainer, "orchestration.launcher": "in_process"})
+    defs = build_definitions(
+        "cluster", {"orchestration.k8s.gpu_image": trainer, "orchestration.launcher": "in_process"}
+    )
     config = cluster_executor_config(defs)
     assert pod_spec(config, "rl_round").spec.template.spec.containers[0].image == trainer
     assert pod_spec(config, "benchmark_scores").spec.template.spec.containers[0].image == trainer

@@ -38,22 +38,36 @@ class FakeCluster:
 
     def list_namespaced_pod(self, namespace, label_selector):
         name = label_selector.split(",")[0].split("=")[1]
-        wanted = int(label_selector.split("job-completion-index=")[1]) if "job-completion-index" in label_selector else None
+        wanted = (
+            int(label_selector.split("job-completion-index=")[1]) if "job-completion-index" in label_selector else None
+        )
         pods = []
         for index in range(NNODES):
             phase = "Failed" if index == self.failing_node else "Running"
-            pods.append(SimpleNamespace(metadata=SimpleNamespace(name=f"{name}-{index}-abcde", labels={"batch.kubernetes.io/job-completion-index": str(index)}),
-                                        status=SimpleNamespace(phase=phase)))
+            pods.append(
+                SimpleNamespace(
+                    metadata=SimpleNamespace(
+                        name=f"{name}-{index}-abcde", labels={"batch.kubernetes.io/job-completion-index": str(index)}
+                    ),
+                    status=SimpleNamespace(phase=phase),
+                )
+            )
         return SimpleNamespace(items=[p for i, p in enumerate(pods) if wanted is None or i == wanted])
 
     def read_namespaced_pod_log(self, name, namespace, **kwargs):
         self.log_reads.append((name, kwargs))
         if kwargs.get("tail_lines"):  # a failed pod's last lines
             return "step 3\nTraceback (most recent call last):\nRuntimeError: NCCL error: unhandled system error"
-        lines = ["rank 0 starting (not a Pipes message: forwarded to stdout)", pipes_line("opened", {}),
-                 pipes_line("log", {"message": "round 1 step 1/2: reward/total/mean=0.100", "level": "INFO"}),
-                 pipes_line("report_custom_message", {"payload": {"uri": "s3://b/checkpoints/rl/round-1", "result_uri": "s3://b/jobs/x"}}),
-                 pipes_line("closed", {})]
+        lines = [
+            "rank 0 starting (not a Pipes message: forwarded to stdout)",
+            pipes_line("opened", {}),
+            pipes_line("log", {"message": "round 1 step 1/2: reward/total/mean=0.100", "level": "INFO"}),
+            pipes_line(
+                "report_custom_message",
+                {"payload": {"uri": "s3://b/checkpoints/rl/round-1", "result_uri": "s3://b/jobs/x"}},
+            ),
+            pipes_line("closed", {}),
+        ]
         return iter(f"2026-11-26T10:00:0{i}.000000Z {line}\n".encode() for i, line in enumerate(lines))
 
     # --- BatchV1Api
@@ -62,15 +76,24 @@ class FakeCluster:
 
     def read_namespaced_job_status(self, name, namespace):
         failed = self.failing_node is not None
-        return SimpleNamespace(status=SimpleNamespace(failed=1 if failed else None, succeeded=None if failed else NNODES))
+        return SimpleNamespace(
+            status=SimpleNamespace(failed=1 if failed else None, succeeded=None if failed else NNODES)
+        )
 
     def delete_namespaced_job(self, name, namespace, propagation_policy):
         self.deleted.append(("Job", name, propagation_policy))
 
 
 def launch(cluster: FakeCluster, monkeypatch):
-    launcher = IndexedJobLauncher(kind="k8s", nproc_per_node=8, namespace="flywheel", nnodes=NNODES, profile="cluster",
-                                  overrides_json=json.dumps({"orchestration.k8s.nnodes": NNODES, "orchestration.k8s.gpus_per_step": 8}), poll_s=0.0)
+    launcher = IndexedJobLauncher(
+        kind="k8s",
+        nproc_per_node=8,
+        namespace="flywheel",
+        nnodes=NNODES,
+        profile="cluster",
+        overrides_json=json.dumps({"orchestration.k8s.nnodes": NNODES, "orchestration.k8s.gpus_per_step": 8}),
+        poll_s=0.0,
+    )
     monkeypatch.setattr(IndexedJobLauncher, "_clients", lambda self: (cluster, cluster))
     seen = {}
 
@@ -79,8 +102,6 @@ def launch(cluster: FakeCluster, monkeypatch):
         seen["run_id"] = context.run_id
         seen["invocation"] = launcher.launch(context, "rl_round", {"round": 1})
         return Output({"launched": True})  # as the real steps do: their outputs are their own, not Pipes'
-
-
 
     return materialize([rl_round], raise_on_error=False), seen
 
@@ -108,7 +129,11 @@ def test_a_failed_node_fails_the_step_naming_it_and_the_job_is_still_deleted(clu
     result, _ = launch(cluster, monkeypatch)
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
-    message = failure.step_failure_data.error.cause.message if failure.step_failure_data.error.cause else failure.step_failure_data.error.message
+    message = (
+        failure.step_failure_data.error.cause.message
+        if failure.step_failure_data.error.cause
+        else failure.step_failure_data.error.message
+    )
     assert RankFailed.__name__ in (failure.step_failure_data.error.cause or failure.step_failure_data.error).cls_name
     assert "job 'rl_round': node 2 failed" in message and "NCCL error" in message
     assert [d[0] for d in cluster.deleted] == ["Job", "Service"]
@@ -118,6 +143,8 @@ def test_one_node_is_the_single_pod_launch(cluster_env):
     from pipelines.definitions import build_definitions
 
     launcher = build_definitions("cluster", {}).resources["launcher"]
-    assert isinstance(launcher, IndexedJobLauncher) and launcher.nnodes == 1  # launch() is then PipesK8sClient's one pod
+    assert (
+        isinstance(launcher, IndexedJobLauncher) and launcher.nnodes == 1
+    )  # launch() is then PipesK8sClient's one pod
     many = build_definitions("cluster", {"orchestration.k8s.nnodes": 4}).resources["launcher"]
     assert many.nnodes == 4 and json.loads(many.overrides_json) == {"orchestration.k8s.nnodes": 4}

@@ -55,8 +55,12 @@ def selects(selector: dict, labels: dict[str, str]) -> bool:
     for expression in selector.get("matchExpressions", []):
         key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
         present = key in labels
-        if not {"In": present and labels[key] in values, "NotIn": not present or labels[key] not in values,
-                "Exists": present, "DoesNotExist": not present}[operator]:
+        if not {
+            "In": present and labels[key] in values,
+            "NotIn": not present or labels[key] not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[operator]:
             return False
     return True
 
@@ -96,19 +100,37 @@ def kubernetes_version() -> str:
 @pytest.mark.parametrize("nnodes", [1, 4])
 def test_every_manifest_validates_strictly_for_the_eks_version(cfg, kubernetes_version, nnodes):
     rendered = km.render_all(cfg, jobs=("sft",), nnodes=nnodes)
-    assert {m["kind"] for m in rendered} == {"ServiceAccount", "ConfigMap", "Deployment", "Service", "NetworkPolicy",
-                                             "HorizontalPodAutoscaler", "PodDisruptionBudget", "Job"}
+    assert {m["kind"] for m in rendered} == {
+        "ServiceAccount",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "Job",
+    }
     for manifest in rendered:
         # the schema of exactly that version, not an older one kubernetes-validate falls back to
-        assert kubernetes_validate.validate(manifest, kubernetes_version, strict=True) == kubernetes_version, manifest["kind"]
+        assert kubernetes_validate.validate(manifest, kubernetes_version, strict=True) == kubernetes_version, manifest[
+            "kind"
+        ]
 
 
-@pytest.mark.parametrize("break_it", [
-    lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imagePullPolicyy="Always"),  # a typo
-    lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(containerPort="8790"),  # a string port
-    lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(seccomp={"type": "Localhost"}),  # wrong key
-    lambda d: d["spec"].update(replica=2),
-], ids=["typo", "wrong-type", "misplaced-key", "unknown-spec-field"])
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imagePullPolicyy="Always"),  # a typo
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(
+            containerPort="8790"
+        ),  # a string port
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(
+            seccomp={"type": "Localhost"}
+        ),  # wrong key
+        lambda d: d["spec"].update(replica=2),
+    ],
+    ids=["typo", "wrong-type", "misplaced-key", "unknown-spec-field"],
+)
 def test_the_validator_rejects_a_mistyped_deployment(manifests, kubernetes_version, break_it):
     broken = copy.deepcopy(by_kind(manifests, "Deployment"))
     break_it(broken)
@@ -131,12 +153,16 @@ def test_the_profile_names_the_rendered_service(cfg, manifests):
     assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels)
 
 
-@pytest.mark.parametrize("overrides", [
-    {"sandbox.url": "http://flywheel-sandbox.other.svc.cluster.local:8790"},  # another namespace
-    {"sandbox.url": "https://flywheel-sandbox.flywheel.svc.cluster.local:8790"},  # the service speaks plain HTTP
-    {"sandbox.url": "http://10.0.0.7:8790"},
-    {"sandbox.kind": "bubblewrap"},
-], ids=["namespace", "https", "address", "not-http"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"sandbox.url": "http://flywheel-sandbox.other.svc.cluster.local:8790"},  # another namespace
+        {"sandbox.url": "https://flywheel-sandbox.flywheel.svc.cluster.local:8790"},  # the service speaks plain HTTP
+        {"sandbox.url": "http://10.0.0.7:8790"},
+        {"sandbox.kind": "bubblewrap"},
+    ],
+    ids=["namespace", "https", "address", "not-http"],
+)
 def test_a_url_that_is_not_the_service_refuses_to_render(overrides):
     with pytest.raises(ValueError, match="sandbox.url"):
         km.sandbox_service(cluster_profile(overrides))
@@ -150,12 +176,20 @@ def test_the_service_runs_with_the_profiles_limits(cfg, manifests):
     assert command[:3] == ["python", "-m", "verifiers.sandbox_service"]
     args = _parse_args(command[3:])
     sandbox = cfg.sandbox
-    assert (args.timeout_s, args.memory_mb, args.max_processes, args.max_files) == \
-        (sandbox.timeout_s, sandbox.memory_mb, sandbox.max_processes, sandbox.max_files)
+    assert (args.timeout_s, args.memory_mb, args.max_processes, args.max_files) == (
+        sandbox.timeout_s,
+        sandbox.memory_mb,
+        sandbox.max_processes,
+        sandbox.max_files,
+    )
     assert (args.host, args.port, args.token_env, args.pool_size) == ("0.0.0.0", 8790, sandbox.token_env, 3)
     # the probes and the scrape path are routes the service serves without a token
     container = service_container(manifests)
-    assert container["readinessProbe"]["httpGet"]["path"] == container["livenessProbe"]["httpGet"]["path"] == km.HEALTH_PATH
+    assert (
+        container["readinessProbe"]["httpGet"]["path"]
+        == container["livenessProbe"]["httpGet"]["path"]
+        == km.HEALTH_PATH
+    )
     annotations = by_kind(manifests, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert {km.HEALTH_PATH, annotations["prometheus.io/path"]} <= set(_PUBLIC)
 
@@ -180,33 +214,57 @@ def test_the_network_policy_admits_only_step_and_training_pods(cfg, manifests):
     policy = by_kind(manifests, "NetworkPolicy")
     port = 8790
     k8s = cfg.orchestration.k8s
-    job_config = DagsterK8sJobConfig(job_image="registry.example/flywheel:test", dagster_home="/opt/dagster/dagster_home")
+    job_config = DagsterK8sJobConfig(
+        job_image="registry.example/flywheel:test", dagster_home="/opt/dagster/dagster_home"
+    )
 
     def dagster_pod(component: str) -> dict[str, str]:
-        job = construct_dagster_k8s_job(job_config, ["dagster", "api", "execute_step"], "dagster-step-x",
-                                        user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict(step_config(k8s, gpu=False)),
-                                        component=component, labels={"dagster/op": "rl_round"})
+        job = construct_dagster_k8s_job(
+            job_config,
+            ["dagster", "api", "execute_step"],
+            "dagster-step-x",
+            user_defined_k8s_config=UserDefinedDagsterK8sConfig.from_dict(step_config(k8s, gpu=False)),
+            component=component,
+            labels={"dagster/op": "rl_round"},
+        )
         return job.spec.template.metadata.labels
 
-    pipes = build_pod_body("flywheel-rl", "registry.example/flywheel:test", ["python", "-m", "assets.jobs", "rl_round"], {},
-                           {"labels": {"flywheel/job": "rl_round"}}, json.loads(json.dumps(job_pod_spec(k8s)))).metadata.labels
+    pipes = build_pod_body(
+        "flywheel-rl",
+        "registry.example/flywheel:test",
+        ["python", "-m", "assets.jobs", "rl_round"],
+        {},
+        {"labels": {"flywheel/job": "rl_round"}},
+        json.loads(json.dumps(job_pod_spec(k8s))),
+    ).metadata.labels
     training = next(m for m in manifests if m["kind"] == "Job")["spec"]["template"]["metadata"]["labels"]
     for labels in (dagster_pod("step_worker"), pipes, training):
         assert admitted(policy, labels, port), labels
     # the assets' launcher gives its pods that label (assets/launcher.py's base_pod_meta)
-    assert re.search(r'base_pod_meta=\{"labels": \{"flywheel/job": job\}\}', (ROOT / "assets" / "launcher.py").read_text())
+    assert re.search(
+        r'base_pod_meta=\{"labels": \{"flywheel/job": job\}\}', (ROOT / "assets" / "launcher.py").read_text()
+    )
 
     # Not the run pods, the Dagster services (the chart's labels), MLflow, or anything unlabelled.
-    others = [dagster_pod("run_worker"),
-              {"app.kubernetes.io/name": "dagster", "app.kubernetes.io/instance": "dagster", "component": "dagster-webserver"},
-              {"app.kubernetes.io/name": "dagster", "component": "user-deployments", "deployment": "flywheel"},
-              {"app.kubernetes.io/name": "mlflow", "app.kubernetes.io/instance": "mlflow"}, {}]
+    others = [
+        dagster_pod("run_worker"),
+        {
+            "app.kubernetes.io/name": "dagster",
+            "app.kubernetes.io/instance": "dagster",
+            "component": "dagster-webserver",
+        },
+        {"app.kubernetes.io/name": "dagster", "component": "user-deployments", "deployment": "flywheel"},
+        {"app.kubernetes.io/name": "mlflow", "app.kubernetes.io/instance": "mlflow"},
+        {},
+    ]
     for labels in others:
         assert not admitted(policy, labels, port), labels
     assert not admitted(policy, pipes, port + 1), "only the service's port"
     # No egress at all: both directions are governed, with no egress rule.
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
-    assert selects(policy["spec"]["podSelector"], by_kind(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"])
+    assert selects(
+        policy["spec"]["podSelector"], by_kind(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    )
     # ...and the helper would notice a policy that admits everyone.
     assert admitted({"spec": {"ingress": [{}]}}, {}, port)
     assert admitted({"spec": {"ingress": [{"from": [{"namespaceSelector": {}}]}]}}, {}, port)
@@ -236,12 +294,17 @@ def test_the_pod_has_what_bubblewrap_needs_and_no_more(manifests):
     mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
     name = Path(km.SECCOMP_PROFILE).name
     host_dir = volumes["host-seccomp"]["hostPath"]["path"]
-    assert f"{mounts['host-seccomp']}/{name}" in init["command"][-1] and init["command"][-1].endswith(f" {mounts['host-seccomp']}/{name}")
+    assert f"{mounts['host-seccomp']}/{name}" in init["command"][-1] and init["command"][-1].endswith(
+        f" {mounts['host-seccomp']}/{name}"
+    )
     assert f"{host_dir}/{name}" == f"{km.KUBELET_SECCOMP_DIR}/{km.SECCOMP_PROFILE}"
     assert f"{mounts['seccomp-profile']}/{name}" in init["command"][-1]
     config_map = by_kind(manifests, "ConfigMap")
     assert volumes["seccomp-profile"]["configMap"]["name"] == config_map["metadata"]["name"]
-    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]} and init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert (
+        init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        and init["securityContext"]["allowPrivilegeEscalation"] is False
+    )
     assert {m["name"] for m in service_container(manifests)["volumeMounts"]} == {"tmp"}
     # A changed profile changes the pod template, so the pods roll and load it.
     profile = config_map["data"][name]
@@ -258,16 +321,51 @@ def test_the_seccomp_profile_allows_what_the_pool_does_and_refuses_the_rest():
     assert (rule["action"], rule["errnoRet"]) == ("SCMP_ACT_ERRNO", 1)
     # bwrap (namespaces, pivot_root + chroot into the new root, its hostname), the worker (the
     # scratch tmpfs, its own filters, uid drops, kills), the service (uvicorn falls back from io_uring)
-    needed = {"clone", "clone3", "unshare", "mount", "umount2", "pivot_root", "chroot", "sethostname", "prctl", "seccomp", "capset",
-              "setuid", "setgid", "setgroups", "kill", "memfd_create", "pidfd_open", "prlimit64"}
+    needed = {
+        "clone",
+        "clone3",
+        "unshare",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "chroot",
+        "sethostname",
+        "prctl",
+        "seccomp",
+        "capset",
+        "setuid",
+        "setgid",
+        "setgroups",
+        "kill",
+        "memfd_create",
+        "pidfd_open",
+        "prlimit64",
+    }
     assert not needed & denied, needed & denied
-    assert {"ptrace", "process_vm_readv", "bpf", "setns", "io_uring_setup", "open_by_handle_at", "init_module", "kexec_load",
-            "keyctl", "userfaultfd", "perf_event_open"} <= denied
+    assert {
+        "ptrace",
+        "process_vm_readv",
+        "bpf",
+        "setns",
+        "io_uring_setup",
+        "open_by_handle_at",
+        "init_module",
+        "kexec_load",
+        "keyctl",
+        "userfaultfd",
+        "perf_event_open",
+    } <= denied
 
 
 def test_the_service_scales_on_cpu_and_is_drained_one_pod_at_a_time(manifests):
-    deployment, hpa, pdb = (by_kind(manifests, kind) for kind in ("Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget"))
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+    deployment, hpa, pdb = (
+        by_kind(manifests, kind) for kind in ("Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget")
+    )
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     (metric,) = hpa["spec"]["metrics"]
     assert metric["resource"]["name"] == "cpu" and metric["resource"]["target"]["type"] == "Utilization"
     # with one replica, a budget of one unavailable pod would let a drain take the service down
@@ -296,7 +394,12 @@ def test_a_job_of_n_nodes_has_n_indexed_pods_that_meet_at_pod_zero(nnodes):
     service, job = km.training_job(cfg, "rl_round", nnodes=nnodes)
     name = job["metadata"]["name"]
     spec = job["spec"]
-    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", nnodes, nnodes, 0)
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed",
+        nnodes,
+        nnodes,
+        0,
+    )
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
 
@@ -306,21 +409,39 @@ def test_a_job_of_n_nodes_has_n_indexed_pods_that_meet_at_pod_zero(nnodes):
     assert service["spec"]["publishNotReadyAddresses"] is True
     for rank in range(nnodes):
         args = torchrun_args(container["command"], rank)
-        assert (args.nnodes, args.nproc_per_node, args.node_rank, args.rdzv_backend) == (str(nnodes), "8", rank, "static")
+        assert (args.nnodes, args.nproc_per_node, args.node_rank, args.rdzv_backend) == (
+            str(nnodes),
+            "8",
+            rank,
+            "static",
+        )
         assert args.master_addr == f"{name}-0.{service['metadata']['name']}" and args.master_port == km.RENDEZVOUS_PORT
         assert (args.module, args.training_script, args.training_script_args) == (True, "assets.jobs", ["rl_round"])
     # $(NODE_RANK) expands only if the container defines it: from the Job's completion index
     (rank_env,) = [e for e in container["env"] if e["name"] == "NODE_RANK"]
-    assert rank_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        rank_env["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
 
     # G GPUs a pod on the GPU nodes, shared memory for NCCL, the app's env and identity
     k8s = cfg.orchestration.k8s
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"] == "8"
+    assert (
+        container["resources"]["limits"]["nvidia.com/gpu"]
+        == container["resources"]["requests"]["nvidia.com/gpu"]
+        == "8"
+    )
     assert pod["nodeSelector"] == k8s.gpu_node_selector and pod["tolerations"] == k8s.gpu_tolerations
     assert container["image"] == CLUSTER_ENV["FLYWHEEL_TRAINER_IMAGE"]
     (shm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
-    assert shm["emptyDir"] == {"medium": "Memory"} and {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-    assert container["envFrom"] == [{"secretRef": {"name": k8s.env_secret}}] and pod["serviceAccountName"] == k8s.service_account
+    assert (
+        shm["emptyDir"] == {"medium": "Memory"}
+        and {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    )
+    assert (
+        container["envFrom"] == [{"secretRef": {"name": k8s.env_secret}}]
+        and pod["serviceAccountName"] == k8s.service_account
+    )
     assert spec["template"]["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
 
 
@@ -342,14 +463,21 @@ def test_the_cli_writes_one_file_per_object_in_apply_order(tmp_path, cluster_env
     loaded = [yaml.safe_load(path.read_text()) for path in files]
     assert loaded == km.render_all(load_profile("cluster"), jobs=("sft",), nnodes=2)
     kinds = [m["kind"] for m in loaded]
-    assert kinds.index("ServiceAccount") < kinds.index("Deployment") and kinds.index("ConfigMap") < kinds.index("Deployment")
+    assert kinds.index("ServiceAccount") < kinds.index("Deployment") and kinds.index("ConfigMap") < kinds.index(
+        "Deployment"
+    )
     assert not any("&id" in path.read_text() for path in files), "no YAML anchors: every object reads on its own"
 
 
-@pytest.mark.parametrize("args,named", [(["--set", "sandbox.kind=bubblewrap"], "sandbox.url"),
-                                        (["--sandbox-min-replicas", "1"], "min_replicas"),
-                                        (["--sandbox-min-replicas", "4", "--sandbox-max-replicas", "3"], "min_replicas")],
-                         ids=["not-http", "one-replica", "min-above-max"])
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["--set", "sandbox.kind=bubblewrap"], "sandbox.url"),
+        (["--sandbox-min-replicas", "1"], "min_replicas"),
+        (["--sandbox-min-replicas", "4", "--sandbox-max-replicas", "3"], "min_replicas"),
+    ],
+    ids=["not-http", "one-replica", "min-above-max"],
+)
 def test_the_cli_refuses_what_it_cannot_render_and_says_why(tmp_path, cluster_env, capsys, args, named):
     assert km.main(["--profile", "cluster", "--out", str(tmp_path), *args]) == 2
     assert named in capsys.readouterr().err and not list(tmp_path.iterdir())

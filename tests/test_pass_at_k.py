@@ -52,8 +52,21 @@ def test_the_benchmark_summary_reports_pass_at_k_per_family_next_to_pass_at_1():
     from training.evaluate import summarize
 
     # 4 samples a task; code's partial credit (0.5) counts toward pass@1's mean outcome, not as a pass
-    rows = [{"task_id": f"{f}-{i}", "family": f, "level": 1, "score": score, "samples": 4, "solved": solved, "tool_call_rate": 0.0, "turns": 1.0}
-            for i, (f, score, solved) in enumerate([("math", 0.25, 1), ("math", 0.0, 0), ("code", 0.5, 0), ("code", 1.0, 4)])]
+    rows = [
+        {
+            "task_id": f"{f}-{i}",
+            "family": f,
+            "level": 1,
+            "score": score,
+            "samples": 4,
+            "solved": solved,
+            "tool_call_rate": 0.0,
+            "turns": 1.0,
+        }
+        for i, (f, score, solved) in enumerate(
+            [("math", 0.25, 1), ("math", 0.0, 0), ("code", 0.5, 0), ("code", 1.0, 4)]
+        )
+    ]
     summary = summarize(rows, 0.95, [2, 4])
     assert summary["pass_at_1"] == pytest.approx((0.25 + 0.0 + 0.5 + 1.0) / 4)
     assert summary["pass_at_2"] == pytest.approx((pass_at_k(4, 1, 2) + 0 + 0 + 1) / 4)
@@ -65,16 +78,23 @@ def test_the_benchmark_summary_reports_pass_at_k_per_family_next_to_pass_at_1():
 def test_a_k_the_benchmark_cannot_estimate_is_refused_at_load_time():
     from configs import ConfigError, load_profile
 
-    with pytest.raises(ConfigError, match=r"benchmark.pass_at_k=\[2, 8\]: each k must be 2..samples_per_task=4 \(got \[8\]"):
+    with pytest.raises(
+        ConfigError, match=r"benchmark.pass_at_k=\[2, 8\]: each k must be 2..samples_per_task=4 \(got \[8\]"
+    ):
         load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 8]})
-    assert load_profile("micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 4]}).benchmark.pass_at_k == [2, 4]
+    assert load_profile(
+        "micro", {"benchmark.samples_per_task": 4, "benchmark.pass_at_k": [2, 4]}
+    ).benchmark.pass_at_k == [2, 4]
 
 
 def test_the_gate_compares_pass_at_1_unless_gate_k_names_a_reported_k():
     from configs import ConfigError, load_profile
     from training.evaluate import gate_scores
 
-    rows = [{"task_id": "a", "score": 0.25, "samples": 4, "solved": 1}, {"task_id": "b", "score": 0.5, "samples": 4, "solved": 0}]
+    rows = [
+        {"task_id": "a", "score": 0.25, "samples": 4, "solved": 1},
+        {"task_id": "b", "score": 0.5, "samples": 4, "solved": 0},
+    ]
     assert gate_scores(rows) == {"a": 0.25, "b": 0.5}  # the mean outcome (b's partial credit counts)
     assert gate_scores(rows, 2) == {"a": pytest.approx(0.5), "b": 0.0}  # a: 1 - C(3,2)/C(4,2); b: no sample passed
     with pytest.raises(ConfigError, match=r"benchmark.gate_k=4 must be 1 or one of pass_at_k=\[2\]"):

@@ -9,8 +9,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LINEAGE = {"knowledge_base", "search_index", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
-           "sft_benchmark_scores", "rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"}
+LINEAGE = {
+    "knowledge_base",
+    "search_index",
+    "benchmark_tasks",
+    "training_tasks",
+    "tokenizer",
+    "base_model",
+    "sft_trajectories",
+    "sft_checkpoint",
+    "sft_benchmark_scores",
+    "rollout_batches",
+    "verified_rewards",
+    "rl_checkpoint",
+    "task_pool",
+    "benchmark_scores",
+}
 ON_DEMAND = {"reward_audit"}  # materialized by users (or the test below), not by `make run`
 
 
@@ -26,8 +40,14 @@ def test_definitions_load_with_the_lineage():
 
 def test_invalid_profile_fails_before_any_work(tmp_path):
     env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.run", "--profile", "tiny", "--set", "rl.group_size=1"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.run", "--profile", "tiny", "--set", "rl.group_size=1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "rl.group_size" in proc.stderr and "got 1" in proc.stderr
     assert not (tmp_path / "home").exists(), "nothing may be produced for an invalid profile"
@@ -36,9 +56,18 @@ def test_invalid_profile_fails_before_any_work(tmp_path):
 def test_dagster_cli_validates_and_lists_assets():
     env = {**os.environ, "FLYWHEEL_PROFILE": "micro"}
     dagster = str(Path(sys.executable).parent / "dagster")
-    validate = subprocess.run([dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    validate = subprocess.run(
+        [dagster, "definitions", "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert validate.returncode == 0, validate.stderr[-2000:]
-    listed = subprocess.run([dagster, "asset", "list", "-m", "pipelines.definitions"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    listed = subprocess.run(
+        [dagster, "asset", "list", "-m", "pipelines.definitions"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert LINEAGE <= set(listed.stdout.split())
 
@@ -61,10 +90,15 @@ def test_micro_flywheel_end_to_end(home):
     instance = DagsterInstance.get()
     for key in LINEAGE:
         assert instance.get_latest_materialization_event(AssetKey(key)) is not None, f"{key} was not materialized"
-    for asset, check in [("training_tasks", "tasks_contract"), ("benchmark_tasks", "tasks_contract"),
-                         ("training_tasks", "training_disjoint_from_benchmark"), ("sft_trajectories", "sft_trajectories_contract"),
-                         ("rollout_batches", "rollout_batches_contract"), ("knowledge_base", "knowledge_base_contract"),
-                         ("task_pool", "task_pool_contract")]:
+    for asset, check in [
+        ("training_tasks", "tasks_contract"),
+        ("benchmark_tasks", "tasks_contract"),
+        ("training_tasks", "training_disjoint_from_benchmark"),
+        ("sft_trajectories", "sft_trajectories_contract"),
+        ("rollout_batches", "rollout_batches_contract"),
+        ("knowledge_base", "knowledge_base_contract"),
+        ("task_pool", "task_pool_contract"),
+    ]:
         records = instance.event_log_storage.get_asset_check_execution_history(_check_key(asset, check), limit=1)
         assert records and records[0].status.value == "SUCCEEDED", f"check {check} on {asset}"
 
@@ -72,7 +106,12 @@ def test_micro_flywheel_end_to_end(home):
     every_run = client.search_runs([client.get_experiment_by_name("agentic-flywheel").experiment_id])
     groups = {r.data.tags["flywheel.group"]: r for r in every_run if r.data.tags.get("flywheel.role") == "group"}
     runs = [r for r in every_run if r.data.tags.get("flywheel.role") != "group"]
-    assert {r.data.tags["dagster.asset"] for r in runs} >= {"sft_checkpoint", "rl_round", "sft_benchmark_scores", "benchmark_scores"}
+    assert {r.data.tags["dagster.asset"] for r in runs} >= {
+        "sft_checkpoint",
+        "rl_round",
+        "sft_benchmark_scores",
+        "benchmark_scores",
+    }
     assert all(r.data.tags.get("dagster.run_id") for r in runs)
     # each step's run nests under its round (or the foundation run), whose parent run carries the headline figures
     foundation_group = next(g for g in groups if g.startswith("foundation-"))
@@ -94,14 +133,25 @@ def test_micro_flywheel_end_to_end(home):
     champion = client.get_model_version_by_alias("agentic-policy", "champion")
     assert champion.version in {v.version for v in versions}
     # promotions go through the history `make rollback` walks back; metadata links to MLflow
-    assert json.loads(client.get_registered_model("agentic-policy").tags["champion_history"])[-1] == str(champion.version)
+    assert json.loads(client.get_registered_model("agentic-policy").tags["champion_history"])[-1] == str(
+        champion.version
+    )
     rollout_meta = instance.get_latest_materialization_event(AssetKey("rollout_batches")).asset_materialization.metadata
-    assert "## arithmetic" in rollout_meta["sample_trajectories"].value and "**Completion**" in rollout_meta["sample_trajectories"].value
-    rl_run = instance.get_latest_materialization_event(AssetKey("rl_checkpoint")).asset_materialization.metadata["mlflow_run_id"].value
+    assert (
+        "## arithmetic" in rollout_meta["sample_trajectories"].value
+        and "**Completion**" in rollout_meta["sample_trajectories"].value
+    )
+    rl_run = (
+        instance.get_latest_materialization_event(AssetKey("rl_checkpoint"))
+        .asset_materialization.metadata["mlflow_run_id"]
+        .value
+    )
     assert "sample_trajectories.md" in {a.path for a in client.list_artifacts(rl_run)}
     bench_meta = instance.get_latest_materialization_event(AssetKey("benchmark_scores")).asset_materialization.metadata
     assert bench_meta["mlflow_run"].value.endswith(f"/runs/{bench_meta['mlflow_run_id'].value}")
-    assert bench_meta["model_version_page"].value.endswith(f"/models/agentic-policy/versions/{bench_meta['model_version'].value}")
+    assert bench_meta["model_version_page"].value.endswith(
+        f"/models/agentic-policy/versions/{bench_meta['model_version'].value}"
+    )
     assert outcome["sft"]["version"] == "1" and len(outcome["rounds"]) == 1
     assert client.get_experiment_by_name("agentic-flywheel").artifact_location == str(home / "mlartifacts")
     assert not (REPO / "mlruns").exists(), "MLflow artifacts must live under FLYWHEEL_HOME, not the working directory"
@@ -109,17 +159,42 @@ def test_micro_flywheel_end_to_end(home):
     assert {"checkpoint", "per_task_scores.json", "plots"} <= artifacts
 
     # verified_rewards reports each component's mean, the unscorable count and per-tier counts/latency
-    rewards_meta = instance.get_latest_materialization_event(AssetKey("verified_rewards")).asset_materialization.metadata
-    for key in ("unscorable", "reward_outcome_mean", "reward_format_mean", "reward_tool_cost_mean", "reward_overlong_mean",
-                "verifier_fast_calls", "verifier_verify_calls", "verifier_verify_latency_ms", "verifier_tiers"):
+    rewards_meta = instance.get_latest_materialization_event(
+        AssetKey("verified_rewards")
+    ).asset_materialization.metadata
+    for key in (
+        "unscorable",
+        "reward_outcome_mean",
+        "reward_format_mean",
+        "reward_tool_cost_mean",
+        "reward_overlong_mean",
+        "verifier_fast_calls",
+        "verifier_verify_calls",
+        "verifier_verify_latency_ms",
+        "verifier_tiers",
+    ):
         assert key in rewards_meta, key
-    logged = {k for r in runs if r.data.tags["dagster.asset"] == "rl_round" for k in client.get_run(r.info.run_id).data.metrics}
-    assert {"round/reward/unscorable", "round/reward/format/mean", "round/verifier/fast/calls", "round/verifier/verify/latency_ms"} <= logged
+    logged = {
+        k
+        for r in runs
+        if r.data.tags["dagster.asset"] == "rl_round"
+        for k in client.get_run(r.info.run_id).data.metrics
+    }
+    assert {
+        "round/reward/unscorable",
+        "round/reward/format/mean",
+        "round/verifier/fast/calls",
+        "round/verifier/verify/latency_ms",
+    } <= logged
 
     # the audit re-scores the stored round with a stricter verifier and reports disagreements
     from pipelines.definitions import AUDIT_JOB, build_definitions
 
-    audit = build_definitions("micro", {}).resolve_job_def(AUDIT_JOB).execute_in_process(instance=instance, partition_key="1")
+    audit = (
+        build_definitions("micro", {})
+        .resolve_job_def(AUDIT_JOB)
+        .execute_in_process(instance=instance, partition_key="1")
+    )
     assert audit.success
     audit_meta = instance.get_latest_materialization_event(AssetKey("reward_audit")).asset_materialization.metadata
     assert audit_meta["rows_rescored"].value == len(instance_rows(home, "rollout_batches"))
@@ -130,9 +205,16 @@ def test_micro_flywheel_end_to_end(home):
     from pipelines.definitions import RL_ROUND_JOB
 
     pool_1 = instance_rows(home, "task_pool")
-    assert pool_1["attempts"].sum() == 32 and 1 <= (pool_1["attempts"] > 0).sum() <= 8  # micro: 2 steps x 4 prompts x G=4
+    assert (
+        pool_1["attempts"].sum() == 32 and 1 <= (pool_1["attempts"] > 0).sum() <= 8
+    )  # micro: 2 steps x 4 prompts x G=4
     instance.add_dynamic_partitions(rl_rounds.name, ["2"])
-    assert build_definitions("micro", {}).resolve_job_def(RL_ROUND_JOB).execute_in_process(instance=instance, partition_key="2").success
+    assert (
+        build_definitions("micro", {})
+        .resolve_job_def(RL_ROUND_JOB)
+        .execute_in_process(instance=instance, partition_key="2")
+        .success
+    )
     pool_2 = instance_rows(home, "task_pool", "2")
     assert pool_2["attempts"].sum() == pool_1["attempts"].sum() + 32
 
@@ -147,12 +229,21 @@ def test_micro_flywheel_end_to_end(home):
     weights = round_2 / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
     versions_before = len(client.search_model_versions("name='agentic-policy'"))
-    rerun = build_definitions("micro", {}).resolve_job_def(RL_ROUND_JOB).execute_in_process(
-        instance=instance, partition_key="2", asset_selection=[AssetKey("benchmark_scores")], raise_on_error=False)
+    rerun = (
+        build_definitions("micro", {})
+        .resolve_job_def(RL_ROUND_JOB)
+        .execute_in_process(
+            instance=instance, partition_key="2", asset_selection=[AssetKey("benchmark_scores")], raise_on_error=False
+        )
+    )
     assert not rerun.success
     failure = next(e for e in rerun.all_events if e.is_step_failure).step_failure_data.error
     # not retried (CorruptArtifact is a Failure without retries): re-reading the same bytes cannot repair them
-    assert failure.cls_name == CorruptArtifact.__name__ and "round-2" in failure.message and "model.safetensors" in failure.message
+    assert (
+        failure.cls_name == CorruptArtifact.__name__
+        and "round-2" in failure.message
+        and "model.safetensors" in failure.message
+    )
     assert not [e for e in rerun.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert len(client.search_model_versions("name='agentic-policy'")) == versions_before
 
@@ -175,16 +266,28 @@ def test_malformed_task_file_stops_at_training_tasks(home, tmp_path):
 
     from pipelines.run import run_flywheel
 
-    good = {"family": "arithmetic", "level": 1, "prompt": "compute 1+2\n", "answer": "3", "split": "train", "metadata": json.dumps({"expression": "1+2"})}
+    good = {
+        "family": "arithmetic",
+        "level": 1,
+        "prompt": "compute 1+2\n",
+        "answer": "3",
+        "split": "train",
+        "metadata": json.dumps({"expression": "1+2"}),
+    }
     rows = [{**good, "task_id": "t1"}, {**good, "task_id": "t1"}, {**good, "task_id": "t3", "level": 9}]
     task_file = tmp_path / "tasks.jsonl"
     task_file.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(SystemExit) as stop:
         run_flywheel("micro", {"data.task_file": str(task_file)})
     message = str(stop.value)
-    assert "row 2: field 'task_id': 't1' repeats row 1" in message and "row 3: field 'level': 9 is not a level of arithmetic" in message
+    assert (
+        "row 2: field 'task_id': 't1' repeats row 1" in message
+        and "row 3: field 'level': 9 is not a level of arithmetic" in message
+    )
     instance = DagsterInstance.get()
-    assert instance.get_latest_materialization_event(AssetKey("benchmark_tasks")) is not None  # what was produced is kept
+    assert (
+        instance.get_latest_materialization_event(AssetKey("benchmark_tasks")) is not None
+    )  # what was produced is kept
     for downstream in ("training_tasks", "tokenizer", "sft_trajectories", "sft_checkpoint", "sft_benchmark_scores"):
         assert instance.get_latest_materialization_event(AssetKey(downstream)) is None, downstream
 
@@ -204,14 +307,33 @@ def test_benchmark_file_that_overlaps_training_is_stopped_naming_ids(home, tmp_p
 
     from pipelines.run import run_flywheel
 
-    train = [{"task_id": f"mine-{i}", "family": "arithmetic", "level": 1, "prompt": f"compute {10 + i}+{i % 9 + 1}\n", "answer": str(10 + i + i % 9 + 1)}
-             for i in range(40)]
-    bench = [{"task_id": "bench-1", "family": "arithmetic", "level": 1, "prompt": "Compute 13 + 4?", "answer": "17"},  # train row 3, reworded
-             {"task_id": "bench-2", "family": "arithmetic", "level": 1, "prompt": "compute 99+99\n", "answer": "198"}]
+    train = [
+        {
+            "task_id": f"mine-{i}",
+            "family": "arithmetic",
+            "level": 1,
+            "prompt": f"compute {10 + i}+{i % 9 + 1}\n",
+            "answer": str(10 + i + i % 9 + 1),
+        }
+        for i in range(40)
+    ]
+    bench = [
+        {
+            "task_id": "bench-1",
+            "family": "arithmetic",
+            "level": 1,
+            "prompt": "Compute 13 + 4?",
+            "answer": "17",
+        },  # train row 3, reworded
+        {"task_id": "bench-2", "family": "arithmetic", "level": 1, "prompt": "compute 99+99\n", "answer": "198"},
+    ]
     for name, rows in (("train.jsonl", train), ("bench.jsonl", bench)):
         (tmp_path / name).write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(SystemExit) as stop:
-        run_flywheel("micro", {"data.task_file": str(tmp_path / "train.jsonl"), "data.benchmark_file": str(tmp_path / "bench.jsonl")})
+        run_flywheel(
+            "micro",
+            {"data.task_file": str(tmp_path / "train.jsonl"), "data.benchmark_file": str(tmp_path / "bench.jsonl")},
+        )
     message = str(stop.value)
     assert "check training_disjoint_from_benchmark on training_tasks failed" in message
     assert "benchmark bench-1 ~ training mine-3 (same normalized prompt)" in message and "bench-2" not in message
@@ -224,14 +346,19 @@ def test_a_good_user_task_file_trains_end_to_end(home, tmp_path):
     from pipelines.run import run_flywheel
 
     # levels with large task spaces, so no user task collides with the generated benchmark (that would be blocked, as above)
-    rows = generate_tasks("arithmetic", 120, seed=11, split="train", levels=(3, 4)) + generate_tasks("code", 60, seed=11, split="train", levels=(3,))
+    rows = generate_tasks("arithmetic", 120, seed=11, split="train", levels=(3, 4)) + generate_tasks(
+        "code", 60, seed=11, split="train", levels=(3,)
+    )
     for r in rows:  # as a user would write them: ids of their own, metadata as an object
         r["task_id"], r["metadata"] = "user-" + r["task_id"], json.loads(r["metadata"])
     (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     outcome = run_flywheel("micro", {"data.task_file": str(tmp_path / "mine.jsonl")})
     assert len(outcome["rounds"]) == 1 and outcome["rounds"][0]["version"] == "2"
     trained_on = instance_rows(home, "rollout_batches")
-    assert set(trained_on["task_id"]) <= {r["task_id"] for r in rows} and set(trained_on["family"]) <= {"arithmetic", "code"}
+    assert set(trained_on["task_id"]) <= {r["task_id"] for r in rows} and set(trained_on["family"]) <= {
+        "arithmetic",
+        "code",
+    }
 
 
 @pytest.mark.slow
@@ -247,7 +374,9 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
     overrides = {"rl.learning_rate": 0.05, "rl.steps_per_round": 16, "rl.kl_coef": 0.0, "sft.steps": 200}
     outcome = run_flywheel("micro", overrides)
     instance = DagsterInstance.get()
-    check = instance.event_log_storage.get_asset_check_execution_history(_check_key("rl_checkpoint", "rl_round_health"), limit=1)[0]
+    check = instance.event_log_storage.get_asset_check_execution_history(
+        _check_key("rl_checkpoint", "rl_round_health"), limit=1
+    )[0]
     evaluation = check.event.dagster_event.event_specific_data
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.ERROR
     assert evaluation.metadata["collapsed"].value == 1
@@ -255,14 +384,18 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
     round_1 = outcome["rounds"][0]
     assert not round_1["promoted"] and round_1["blocked_by"].startswith("collapse early-warning")
     client = MlflowClient(f"sqlite:///{home}/mlflow.db")
-    assert client.get_model_version_by_alias("agentic-policy", "champion").tags["stage"] == "sft"  # the SFT version stays champion
+    assert (
+        client.get_model_version_by_alias("agentic-policy", "champion").tags["stage"] == "sft"
+    )  # the SFT version stays champion
     blocked = client.get_model_version("agentic-policy", round_1["version"])
     assert blocked.tags["promoted"] == "false" and blocked.tags["blocked_by"].startswith("collapse")
 
     from configs import load_profile
     from pipelines.definitions import build_definitions
 
-    checkpoint = build_definitions("micro", overrides).load_asset_value("rl_checkpoint", instance=instance, partition_key="1")
+    checkpoint = build_definitions("micro", overrides).load_asset_value(
+        "rl_checkpoint", instance=instance, partition_key="1"
+    )
     report = detect_collapse(checkpoint["history"], load_profile("micro", overrides).rl.collapse)
     assert report.reward_drop_step is None or report.first_warning_step < report.reward_drop_step
 
@@ -303,19 +436,31 @@ def test_sft_launched_through_dagster_pipes_matches_the_in_process_step(tmp_path
         defs = build_definitions("micro", {"orchestration.launcher": launcher})
         selection = AssetSelection.assets("sft_checkpoint").upstream().resolve(defs.resolve_asset_graph())
         with DagsterInstance.ephemeral() as instance:
-            result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance, asset_selection=list(selection))
+            result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+                instance=instance, asset_selection=list(selection)
+            )
             assert result.success
-            logs[launcher] = [e.message for e in instance.all_logs(result.run_id, of_type=None) if e.step_key == "sft_checkpoint" and e.message]
-            stored = instance.get_latest_materialization_event(AssetKey("sft_checkpoint")).asset_materialization.metadata
+            logs[launcher] = [
+                e.message
+                for e in instance.all_logs(result.run_id, of_type=None)
+                if e.step_key == "sft_checkpoint" and e.message
+            ]
+            stored = instance.get_latest_materialization_event(
+                AssetKey("sft_checkpoint")
+            ).asset_materialization.metadata
         assert stored["launcher"].value == launcher and stored["uri"].value.startswith(str(tmp_path / launcher))
         weights[launcher] = load_policy(stored["uri"].value).state_dict()
     assert any("[pipes] external process successfully opened dagster pipes" in m for m in logs["subprocess"])
-    assert any(m.startswith("sft step 20/20: loss/sft=") for m in logs["subprocess"]), "progress lines come back through Pipes"
+    assert any(m.startswith("sft step 20/20: loss/sft=") for m in logs["subprocess"]), (
+        "progress lines come back through Pipes"
+    )
     assert weights["in_process"].keys() == weights["subprocess"].keys()
     for name, tensor in weights["in_process"].items():
         assert torch.equal(tensor, weights["subprocess"][name]), name
 
 
 def test_an_unknown_pipes_job_is_refused_with_the_jobs_there_are():
-    proc = subprocess.run([sys.executable, "-m", "assets.jobs", "rl"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "assets.jobs", "rl"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "python -m assets.jobs {sft,rl_round,benchmark}" in proc.stderr

@@ -36,8 +36,14 @@ def test_micro_flywheel_on_a_pretrained_qwen2_whose_tokenizer_splits_the_tags(ho
     from pipelines.run import run_flywheel
 
     folder = save_checkpoint(split_policy.model, split_policy.tokenizer, tmp_path / "qwen2-chatml")
-    outcome = run_flywheel("micro", {"model.source": "pretrained", "model.name_or_path": str(folder),
-                                     "rollout.system_prompt": "Answer in <answer></answer>."})
+    outcome = run_flywheel(
+        "micro",
+        {
+            "model.source": "pretrained",
+            "model.name_or_path": str(folder),
+            "rollout.system_prompt": "Answer in <answer></answer>.",
+        },
+    )
     _assert_flywheel_ran(home, outcome, split_policy.tokenizer)
     torch.set_num_threads(2)
 
@@ -66,7 +72,9 @@ def test_real_model_rollouts_are_token_exact(kind, smol_policy, tmp_path, reques
     from training.rollout_engines import HFEngine
 
     cfg = load_profile("micro", smol_overrides()).rollout
-    engine = HFEngine(smol_policy.model, smol_policy.tokenizer) if kind == "hf" else request.getfixturevalue("smol_vllm")
+    engine = (
+        HFEngine(smol_policy.model, smol_policy.tokenizer) if kind == "hf" else request.getfixturevalue("smol_vllm")
+    )
     tasks = [t for t in smol_policy.tasks if t["family"] == "arithmetic"][:8]
     episodes = check_token_exact(engine, smol_policy, "arithmetic", cfg, tmp_path, 1e-4, tasks=tasks, group_size=2)
     assert any(e.stop_reason == "answer" for e in episodes)
@@ -75,16 +83,33 @@ def test_real_model_rollouts_are_token_exact(kind, smol_policy, tmp_path, reques
 def test_micro_flywheel_on_smollm2_with_lora(home, smollm2_folder):
     """The whole graph on the real model: its tokenizer and chat template, LoRA adapters (saved
     merged), a base benchmark, a few SFT steps, one RL step, a benchmark of a few tasks."""
-    from pipelines.run import run_flywheel
-    from tests.conftest import smol_overrides
     from transformers import AutoModelForCausalLM
 
-    outcome = run_flywheel("micro", {
-        **smol_overrides(), "model.lora.enabled": True, "model.lora.r": 8, "benchmark.include_base": True, "benchmark.greedy": False,
-        "data.families.arithmetic.benchmark_tasks": 6, "data.families.search.benchmark_tasks": 3, "data.families.code.benchmark_tasks": 3,
-        "data.families.arithmetic.train_tasks": 40, "data.families.search.train_tasks": 20, "data.families.code.train_tasks": 20,
-        "teacher.num_trajectories": 16, "sft.steps": 2, "sft.batch_size": 4, "rl.prompts_per_step": 2, "rl.group_size": 2, "rl.steps_per_round": 1,
-    })
+    from pipelines.run import run_flywheel
+    from tests.conftest import smol_overrides
+
+    outcome = run_flywheel(
+        "micro",
+        {
+            **smol_overrides(),
+            "model.lora.enabled": True,
+            "model.lora.r": 8,
+            "benchmark.include_base": True,
+            "benchmark.greedy": False,
+            "data.families.arithmetic.benchmark_tasks": 6,
+            "data.families.search.benchmark_tasks": 3,
+            "data.families.code.benchmark_tasks": 3,
+            "data.families.arithmetic.train_tasks": 40,
+            "data.families.search.train_tasks": 20,
+            "data.families.code.train_tasks": 20,
+            "teacher.num_trajectories": 16,
+            "sft.steps": 2,
+            "sft.batch_size": 4,
+            "rl.prompts_per_step": 2,
+            "rl.group_size": 2,
+            "rl.steps_per_round": 1,
+        },
+    )
     assert "base" in outcome and "base_gain" in outcome
     folder = home / "artifacts" / "checkpoints"
     saved = sorted(p for p in folder.rglob("config.json"))

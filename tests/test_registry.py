@@ -24,14 +24,18 @@ def registry(tmp_path, monkeypatch, micro_cfg, tokenizer_and_tasks):
     v1 (pass@1 0.5), v2 (0.8: clearly better), v3 (0.75: not measurably better than v2),
     v4 (0.9, but its round was blocked by the collapse detector)."""
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # mlflow.set_tracking_uri exports it; restored after the test
+    monkeypatch.delenv(
+        "MLFLOW_TRACKING_URI", raising=False
+    )  # mlflow.set_tracking_uri exports it; restored after the test
     monkeypatch.setenv("FLYWHEEL_PROFILE", "micro")
-    from pipelines.registry import tracker_for
     from configs import load_profile
+    from pipelines.registry import tracker_for
 
     tracker = tracker_for(load_profile("micro"))
     tok, _ = tokenizer_and_tasks
-    for version, (rate, tags) in enumerate([(0.5, {}), (0.8, {}), (0.75, {}), (0.9, {"blocked_by": "entropy collapse"})], start=1):
+    for version, (rate, tags) in enumerate(
+        [(0.5, {}), (0.8, {}), (0.75, {}), (0.9, {"blocked_by": "entropy collapse"})], start=1
+    ):
         model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=version)
         folder = save_checkpoint(model, tok, tmp_path / f"ckpt{version}")
         scores = {t: float(i < rate * len(TASKS)) for i, t in enumerate(TASKS)}
@@ -117,6 +121,8 @@ def test_load_champion_gives_the_promoted_weights(registry, tmp_path, micro_cfg,
 
 def test_the_command_line_entry_point(registry, tmp_path):
     """What `make models` runs, as a separate process on the same store."""
-    done = subprocess.run([sys.executable, "-m", "pipelines.registry", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.registry", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 5

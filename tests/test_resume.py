@@ -16,7 +16,9 @@ DETERMINISTIC = lambda key: not key.startswith("perf/") and "latency" not in key
 
 
 def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=timeout, check=True)
+    return subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=timeout, check=True
+    )
 
 
 @pytest.mark.slow
@@ -27,8 +29,21 @@ def test_killed_round_resumes_to_the_same_state(algorithm, tmp_path):
     _run(["--algorithm", algorithm, "--out", str(tmp_path / "straight.pt")])
 
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, str(WORKER), "--algorithm", algorithm, "--state-dir", str(state), "--out", str(tmp_path / "killed.pt")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(WORKER),
+            "--algorithm",
+            algorithm,
+            "--state-dir",
+            str(state),
+            "--out",
+            str(tmp_path / "killed.pt"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not (state / "LATEST").exists():  # the step-2 state is complete: kill the round inside step 3
         assert proc.poll() is None, proc.stderr.read()
@@ -39,7 +54,10 @@ def test_killed_round_resumes_to_the_same_state(algorithm, tmp_path):
     assert not (tmp_path / "killed.pt").exists()  # it really died before finishing
 
     _run(["--algorithm", algorithm, "--state-dir", str(state), "--out", str(tmp_path / "resumed.pt")])
-    straight, resumed = torch.load(tmp_path / "straight.pt", weights_only=False), torch.load(tmp_path / "resumed.pt", weights_only=False)
+    straight, resumed = (
+        torch.load(tmp_path / "straight.pt", weights_only=False),
+        torch.load(tmp_path / "resumed.pt", weights_only=False),
+    )
     assert 2 <= resumed["resumed_from_step"] < 6
     for name, value in straight["params"].items():
         assert torch.equal(value, resumed["params"][name]), f"{name} differs after resume"

@@ -17,17 +17,29 @@ from benchmarks.reward_fuzz import FuzzConfig, run_fuzz  # noqa: E402
 # ~15 s on a 2-core machine (arithmetic is scored twice: the profile's reward and strip_units;
 # code goes through the bubblewrap sandbox), at most ~60 s: the seconds caps bound each family,
 # and a class whose answers hang stops after its first slow attempt (2 variants x 3 s).
-BUDGET = FuzzConfig(profile="tiny", seed=0, tasks=200, variants=("profile", "strip_units"), min_per_class=2,
-                    slow_seconds=2.0, hang_seconds=3.0, max_slow_per_class=1, examples=1, quiet=True)
+BUDGET = FuzzConfig(
+    profile="tiny",
+    seed=0,
+    tasks=200,
+    variants=("profile", "strip_units"),
+    min_per_class=2,
+    slow_seconds=2.0,
+    hang_seconds=3.0,
+    max_slow_per_class=1,
+    examples=1,
+    quiet=True,
+)
 ATTEMPTS = {"arithmetic": (20_000, 15.0), "search": (10_000, 5.0), "code": (400, 25.0)}
 
 
 def _finding(family: str, cls, variant: str) -> str:
     example = next((e for e in cls.examples if e["variant"] == variant and e["kind"] != "false_negative"), {})
     t = cls.tallies[variant]
-    return (f"{family}/{cls.name} [{variant}]: {t.rewarded_wrong} rewarded wrong, {t.slow} slow of {cls.attempts}; "
-            f"e.g. {example.get('turns', [''])[-1][:160]!r} for {example.get('prompt')!r} -> outcome {example.get('outcome')} "
-            f"({example.get('details', '')[:80]})")
+    return (
+        f"{family}/{cls.name} [{variant}]: {t.rewarded_wrong} rewarded wrong, {t.slow} slow of {cls.attempts}; "
+        f"e.g. {example.get('turns', [''])[-1][:160]!r} for {example.get('prompt')!r} -> outcome {example.get('outcome')} "
+        f"({example.get('details', '')[:80]})"
+    )
 
 
 @pytest.mark.integrity
@@ -41,6 +53,10 @@ def test_no_wrong_answer_is_rewarded(family):
     assert report.attempts >= min(attempts, 100), f"only {report.attempts} attempts ran"
     idle = [name for name, cls in report.classes.items() if cls.attempts == 0]
     assert not idle and set(report.classes) == set(ATTACKS[family]), f"attack classes without attempts: {idle}"
-    found = [_finding(family, cls, v) for cls in report.classes.values() for v in report.variants
-             if cls.tallies[v].rewarded_wrong or cls.tallies[v].slow]
+    found = [
+        _finding(family, cls, v)
+        for cls in report.classes.values()
+        for v in report.variants
+        if cls.tallies[v].rewarded_wrong or cls.tallies[v].slow
+    ]
     assert not found, "wrong answers rewarded or slow to score:\n" + "\n".join(found)

@@ -1,21 +1,35 @@
 """Hand-computed checks for training/rl_math.py. Every expected number is derived in a comment."""
+
 import math
 
 import pytest
 import torch
 
 from training.rl_math import (
-    AGG_MODES, ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Registry, agg_loss, agg_normalizers,
-    entropy_from_logits, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, value_loss,
-    masked_mean, token_logprobs,
+    ADVANTAGE_ESTIMATORS,
+    AGG_MODES,
+    POLICY_LOSSES,
+    Registry,
+    agg_loss,
+    agg_normalizers,
+    entropy_from_logits,
+    gae_advantages,
+    get_advantage_estimator,
+    get_policy_loss,
+    group_stats,
+    kl_penalty,
+    masked_mean,
+    token_logprobs,
+    value_loss,
 )
 
 R2 = 1 / math.sqrt(2)
 
 
 def _close(actual, expected, atol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
-                               torch.as_tensor(expected, dtype=torch.float32), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float32), torch.as_tensor(expected, dtype=torch.float32), atol=atol, rtol=0
+    )
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -32,12 +46,15 @@ def test_grpo_two_contiguous_groups():
 NONCONTIG = (torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0]), torch.tensor([9, 2, 9, 2, 9]))
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("grpo", [1.0, -R2, 0.0, R2, -1.0]),       # (r - mean) / std
-    ("dr_grpo", [0.5, -0.5, 0.0, 0.5, -0.5]),  # r - mean
-    # leave-one-out: g9: 1-(.5+0)/2=.75, .5-(1+0)/2=0, 0-(1+.5)/2=-.75; g2: 0-1=-1, 1-0=1
-    ("rloo", [0.75, -1.0, 0.0, 1.0, -0.75]),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("grpo", [1.0, -R2, 0.0, R2, -1.0]),  # (r - mean) / std
+        ("dr_grpo", [0.5, -0.5, 0.0, 0.5, -0.5]),  # r - mean
+        # leave-one-out: g9: 1-(.5+0)/2=.75, .5-(1+0)/2=0, 0-(1+.5)/2=-.75; g2: 0-1=-1, 1-0=1
+        ("rloo", [0.75, -1.0, 0.0, 1.0, -0.75]),
+    ],
+)
 def test_estimators_non_contiguous_groups(name, expected):
     _close(get_advantage_estimator(name)(*NONCONTIG), expected)
 
@@ -47,9 +64,9 @@ def test_zero_variance_and_singleton_groups_are_exactly_zero(name):
     # in float32 sum([.9, .9, .9]) / 3 != .9 (off by 6e-8; / eps would make 0.06); must still be 0
     rewards = torch.tensor([0.9, 0.9, 0.9, 0.3, 0.7, 5.0])
     adv = get_advantage_estimator(name)(rewards, torch.tensor([4, 4, 4, 1, 1, 8]))
-    assert torch.equal(adv[:3], torch.zeros(3))   # constant group
-    assert adv[5].item() == 0.0                    # singleton group
-    assert adv[3].item() < 0 < adv[4].item()       # the live group still gets signal
+    assert torch.equal(adv[:3], torch.zeros(3))  # constant group
+    assert adv[5].item() == 0.0  # singleton group
+    assert adv[3].item() < 0 < adv[4].item()  # the live group still gets signal
 
 
 def test_group_stats_matches_python_loop():
@@ -70,8 +87,9 @@ def test_token_logprobs_matches_loop_and_temperature():
     logits, ids = torch.randn(2, 3, 5, generator=g) * 3, torch.randint(0, 5, (2, 3), generator=g)
     for temp in (1.0, 0.7):
         out = token_logprobs(logits, ids, temperature=temp)
-        loop = torch.tensor([[torch.log_softmax(logits[b, t] / temp, -1)[ids[b, t]].item()
-                              for t in range(3)] for b in range(2)])
+        loop = torch.tensor(
+            [[torch.log_softmax(logits[b, t] / temp, -1)[ids[b, t]].item() for t in range(3)] for b in range(2)]
+        )
         _close(out, loop)
     _close(token_logprobs(logits, ids, 2.0), token_logprobs(logits / 2, ids))
     assert not torch.allclose(token_logprobs(logits, ids, 2.0), token_logprobs(logits, ids))
@@ -94,7 +112,7 @@ def test_entropy():
 def test_masked_mean_ignores_nan_padding_and_handles_empty_mask():
     x = torch.tensor([[1.0, 3.0, float("nan")], [5.0, float("inf"), 7.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    _close(masked_mean(x, mask), 3.0)                # (1 + 3 + 5) / 3
+    _close(masked_mean(x, mask), 3.0)  # (1 + 3 + 5) / 3
     _close(masked_mean(x, mask, dim=-1), [2.0, 5.0])
     _close(masked_mean(x, torch.zeros(2, 3)), 0.0)
 
@@ -103,8 +121,8 @@ def test_kl_hand_values():
     # logp = ln .5, ref = ln .25: d = logp - ref = ln 2
     logp, ref = torch.log(torch.tensor([[0.5]])), torch.log(torch.tensor([[0.25]]))
     _close(kl_penalty(logp, ref, "k1"), [[math.log(2)]])
-    _close(kl_penalty(logp, ref, "k2"), [[0.5 * math.log(2) ** 2]])       # .2402
-    _close(kl_penalty(logp, ref, "k3"), [[0.5 + math.log(2) - 1.0]])     # e^-d + d - 1 = .1931
+    _close(kl_penalty(logp, ref, "k2"), [[0.5 * math.log(2) ** 2]])  # .2402
+    _close(kl_penalty(logp, ref, "k3"), [[0.5 + math.log(2) - 1.0]])  # e^-d + d - 1 = .1931
 
 
 def test_k3_nonnegative_zero_when_equal_and_finite_on_garbage():
@@ -123,14 +141,17 @@ LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
 
 
-@pytest.mark.parametrize("mode, kwargs, expected", [
-    ("token_mean", {}, (1 + 2 + 4) / 3),
-    ("token_mean", {"num_tokens": 7.0}, 1.0),
-    ("seq_mean_token_mean", {}, (1.5 + 4.0) / 2),
-    ("seq_mean_token_mean", {"num_seqs": 5.0}, 5.5 / 5),
-    ("seq_mean_token_sum_norm", {"max_tokens": 4}, (3 / 4 + 4 / 4) / 2),
-    ("seq_mean_token_sum_norm", {"max_tokens": 4, "num_seqs": 7.0}, 1.75 / 7),
-])
+@pytest.mark.parametrize(
+    "mode, kwargs, expected",
+    [
+        ("token_mean", {}, (1 + 2 + 4) / 3),
+        ("token_mean", {"num_tokens": 7.0}, 1.0),
+        ("seq_mean_token_mean", {}, (1.5 + 4.0) / 2),
+        ("seq_mean_token_mean", {"num_seqs": 5.0}, 5.5 / 5),
+        ("seq_mean_token_sum_norm", {"max_tokens": 4}, (3 / 4 + 4 / 4) / 2),
+        ("seq_mean_token_sum_norm", {"max_tokens": 4, "num_seqs": 7.0}, 1.75 / 7),
+    ],
+)
 def test_agg_loss_hand_values(mode, kwargs, expected):
     _close(agg_loss(LOSS, MASK, mode, **kwargs), expected)
     garbage = LOSS.clone()
@@ -178,8 +199,7 @@ def test_agg_loss_micro_batch_gradient_invariance(mode, n_micro):
             m = mask[rows]
             width = max(int(m.sum(-1).max()), 1)  # dynamic padding: each micro-batch is trimmed
             lm = ((w[rows] - target[rows]) ** 2)[:, :width]
-            total = total + agg_loss(lm, m[:, :width], mode, num_tokens=num_tokens,
-                                     num_seqs=num_seqs, max_tokens=T)
+            total = total + agg_loss(lm, m[:, :width], mode, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=T)
         return total
 
     _close(_grad(accumulated, w0), _grad(full, w0), atol=1e-6)
@@ -190,8 +210,7 @@ def test_token_mean_without_global_count_is_not_invariant():
     w0, target, mask = _varlen_batch()
     full = agg_loss((w0 - target) ** 2, mask, "token_mean")
     # naive accumulation: average of per-micro-batch token means (micro-batches hold 16 vs 24 tokens)
-    naive = sum(agg_loss(((w0 - target) ** 2)[r], mask[r], "token_mean")
-                for r in torch.arange(8).chunk(2)) / 2
+    naive = sum(agg_loss(((w0 - target) ** 2)[r], mask[r], "token_mean") for r in torch.arange(8).chunk(2)) / 2
     assert abs(naive.item() - full.item()) > 1e-3
 
 
@@ -205,7 +224,9 @@ def test_ppo_ratio_one_is_minus_mean_advantage():
     lp = torch.randn(2, 3)
     loss, metrics = _ppo(lp, lp.clone(), adv, mask)
     _close(loss, -(1 - 2 + 3) / 3)
-    assert metrics == pytest.approx({"clip_frac": 0.0, "dual_clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0})
+    assert metrics == pytest.approx(
+        {"clip_frac": 0.0, "dual_clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0}
+    )
 
 
 def test_ppo_hand_clipping_and_gradients():
@@ -251,8 +272,9 @@ def test_padding_garbage_changes_nothing(name):
     outs = []
     for fill in (0.0, 1e4, float("nan")):
         lp_f = torch.where(pad, fill, lp).requires_grad_(True)
-        loss, metrics = get_policy_loss(name)(lp_f, torch.where(pad, -fill, old),
-                                              torch.where(pad, fill, adv), mask, clip_high=0.28)
+        loss, metrics = get_policy_loss(name)(
+            lp_f, torch.where(pad, -fill, old), torch.where(pad, fill, adv), mask, clip_high=0.28
+        )
         loss.backward()
         assert torch.isfinite(lp_f.grad).all() and (lp_f.grad[pad] == 0).all()
         outs.append((loss.item(), metrics, lp_f.grad))
@@ -311,10 +333,13 @@ def test_gspo_token_form_gradient_equals_sequence_objective():
 
 
 # ----------------------------------------------------------------------------- registry
-@pytest.mark.parametrize("getter, expected", [
-    (get_policy_loss, ["gspo", "ppo_clip"]),
-    (get_advantage_estimator, ["dr_grpo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"]),
-])
+@pytest.mark.parametrize(
+    "getter, expected",
+    [
+        (get_policy_loss, ["gspo", "ppo_clip"]),
+        (get_advantage_estimator, ["dr_grpo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"]),
+    ],
+)
 def test_registry_unknown_name_lists_available(getter, expected):
     for exc in (KeyError, ValueError):
         with pytest.raises(exc) as info:
@@ -342,26 +367,35 @@ def test_reinforce_pp_whitens_over_the_whole_batch():
     # mean .5, unbiased std sqrt(1/3): A = +-.5 / .57735 = +-.86603
     adv = get_advantage_estimator("reinforce_pp")(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]))
     _close(adv, [0.86603, -0.86603, 0.86603, -0.86603], atol=1e-4)
-    assert torch.equal(get_advantage_estimator("reinforce_pp")(torch.tensor([0.3, 0.3]), torch.tensor([0, 1])), torch.zeros(2))
+    assert torch.equal(
+        get_advantage_estimator("reinforce_pp")(torch.tensor([0.3, 0.3]), torch.tensor([0, 1])), torch.zeros(2)
+    )
 
 
 def test_reinforce_pp_baseline_centers_per_group_then_whitens_globally():
     # g0 = [1, 0] -> [.5, -.5]; g1 = [1, 1] constant -> 0; std of the live [.5, -.5] = sqrt(.5)
-    adv = get_advantage_estimator("reinforce_pp_baseline")(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    adv = get_advantage_estimator("reinforce_pp_baseline")(
+        torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
+    )
     _close(adv, [0.70711, -0.70711, 0.0, 0.0], atol=1e-4)
 
 
-@pytest.mark.parametrize("gamma, lam, expected_adv", [
-    (1.0, 1.0, [0.5, 0.4, 0.0, 0.2]),      # returns are the outcome (1.0) on every policy token
-    (0.9, 0.5, [0.1345, 0.21, 0.0, 0.2]),  # t3: 1-.8; t1: .9*.8-.6 + .45*.2; t0: .9*.6-.5 + .45*.21
-])
+@pytest.mark.parametrize(
+    "gamma, lam, expected_adv",
+    [
+        (1.0, 1.0, [0.5, 0.4, 0.0, 0.2]),  # returns are the outcome (1.0) on every policy token
+        (0.9, 0.5, [0.1345, 0.21, 0.0, 0.2]),  # t3: 1-.8; t1: .9*.8-.6 + .45*.2; t0: .9*.6-.5 + .45*.21
+    ],
+)
 def test_gae_by_hand_skips_tool_tokens(gamma, lam, expected_adv):
     rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 0.6, 9.0, 0.8]])  # 9.0 sits on a tool token: must be ignored
     mask = torch.tensor([[1, 1, 0, 1]])
     adv, ret = gae_advantages(rewards, values, mask, gamma=gamma, lam=lam)
     _close(adv[0], expected_adv, atol=1e-6)
-    _close(ret[0], [a + v if m else 0.0 for a, v, m in zip(expected_adv, [0.5, 0.6, 9.0, 0.8], [1, 1, 0, 1])], atol=1e-6)
+    _close(
+        ret[0], [a + v if m else 0.0 for a, v, m in zip(expected_adv, [0.5, 0.6, 9.0, 0.8], [1, 1, 0, 1])], atol=1e-6
+    )
 
 
 def test_gae_matches_a_reference_over_compacted_tokens():
@@ -382,8 +416,13 @@ def test_gae_matches_a_reference_over_compacted_tokens():
 
 def test_value_loss_clipped_by_hand():
     # token 0: (1-0)^2 = 1 either way; token 1: unclipped 0, clipped V=1.5 -> .25; mean .625 -> loss .3125
-    loss, metrics = value_loss(torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 2.0]]),
-                               torch.tensor([[1, 1]]), clip=0.5)
+    loss, metrics = value_loss(
+        torch.tensor([[1.0, 2.0]]),
+        torch.tensor([[1.0, 1.0]]),
+        torch.tensor([[0.0, 2.0]]),
+        torch.tensor([[1, 1]]),
+        clip=0.5,
+    )
     assert loss.item() == pytest.approx(0.3125) and metrics["value_clip_frac"] == pytest.approx(0.5)
 
 
@@ -436,7 +475,7 @@ def test_ppo_dual_clip_by_hand():
     loss.backward()
     _close(logp.grad, [[0.0, 0.5, 0.0, 0.0]])
     assert metrics["dual_clip_frac"] == pytest.approx(2 / 4)  # tok0, tok3 (verl's pg_clipfrac_lower)
-    assert metrics["clip_frac"] == pytest.approx(1 / 4)       # tok2: the standard clip, unchanged
+    assert metrics["clip_frac"] == pytest.approx(1 / 4)  # tok2: the standard clip, unchanged
     # clip_ratio_c=None switches it off; clip_ratio_c=1.5 also caps tok1 (-A*1.5 = 1.5 < 2)
     off = logp.detach().requires_grad_(True)
     loss_off, metrics_off = _ppo(off, old, adv, mask, clip_ratio_c=None)

@@ -4,17 +4,16 @@ task family, sampling parameters, weight sync, the loop's batching and tool conc
 import os
 import threading
 
-import pandas as pd
 import pytest
 import torch
 
 from environments.tools import ToolResult
+from tests.rollout_checks import RecordingEngine, check_token_exact
 from training.rl_loop import trainer_gap
 from training.rl_math import logprob_mismatch, tis_weights
 from training.rollout import run_episodes
 from training.rollout_engines import Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
 from training.scoring import episode_record
-from tests.rollout_checks import RecordingEngine, check_token_exact
 
 FAMILIES = ("arithmetic", "search", "code")
 # Documented bounds (docs/rollout.md): |log pi_trainer - log pi_engine| per policy token, fp32.
@@ -47,7 +46,12 @@ def test_processed_logprobs_apply_temperature_then_top_k_then_top_p():
     # softmax([2,1,0,-1]) = [.644, .237, .087, .032]: 0.85 of the mass needs the first two tokens
     nucleus = processed_logprobs(logits, Sampling(top_p=0.85)).exp()
     torch.testing.assert_close(nucleus[0], torch.tensor([p[0], p[1], 0.0, 0.0]))
-    assert processed_logprobs(logits, Sampling(top_p=0.5)).exp()[0].tolist() == [1.0, 0.0, 0.0, 0.0]  # always keeps the argmax
+    assert processed_logprobs(logits, Sampling(top_p=0.5)).exp()[0].tolist() == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]  # always keeps the argmax
 
 
 def test_mismatch_and_truncated_importance_weights_hand_computed():
@@ -63,7 +67,9 @@ def test_mismatch_and_truncated_importance_weights_hand_computed():
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
 def test_rollouts_are_token_exact(kind, family, warm_policy, micro_cfg, tmp_path, request):
-    check_token_exact(engine_of(kind, warm_policy, request), warm_policy, family, micro_cfg.rollout, tmp_path, MISMATCH_BOUND[kind])
+    check_token_exact(
+        engine_of(kind, warm_policy, request), warm_policy, family, micro_cfg.rollout, tmp_path, MISMATCH_BOUND[kind]
+    )
 
 
 # --------------------------------------------------------------------------- sampling parameters
@@ -75,7 +81,12 @@ def test_sampling_parameters_are_honoured(kind, warm_policy, request):
     stops, budgets = {tok.eos_token_id}, [12] * len(prompts)
 
     def run(sampling, seed=0):
-        return [g.ids for g in engine.generate(prompts, budgets, stop_ids=stops, sampling=sampling, generator=torch.Generator().manual_seed(seed))]
+        return [
+            g.ids
+            for g in engine.generate(
+                prompts, budgets, stop_ids=stops, sampling=sampling, generator=torch.Generator().manual_seed(seed)
+            )
+        ]
 
     greedy = run(Sampling(greedy=True))
     assert run(Sampling(top_k=1)) == greedy  # top-k 1 leaves only the argmax
@@ -83,17 +94,27 @@ def test_sampling_parameters_are_honoured(kind, warm_policy, request):
     assert run(Sampling(temperature=1.0), seed=3) == run(Sampling(temperature=1.0), seed=3)  # seeded: reproducible
     assert run(Sampling(temperature=1.0), seed=3) != run(Sampling(temperature=1.0), seed=4)
     assert all(len(ids) <= 12 for ids in run(Sampling(temperature=1.0)))
-    exact = engine.generate(prompts, [3, 7, 1, 0, 5, 9], stop_ids=set(), sampling=Sampling(), generator=torch.Generator().manual_seed(0))
+    exact = engine.generate(
+        prompts, [3, 7, 1, 0, 5, 9], stop_ids=set(), sampling=Sampling(), generator=torch.Generator().manual_seed(0)
+    )
     assert [len(g.ids) for g in exact] == [3, 7, 1, 0, 5, 9]  # no stop ids: exactly the budget, EOS included
     # top-k 3: every sampled token is among the 3 most likely, and its log-prob is renormalized over them
-    out = engine.generate(prompts, budgets, stop_ids=stops, sampling=Sampling(top_k=3, temperature=0.7), generator=torch.Generator().manual_seed(1))
+    out = engine.generate(
+        prompts,
+        budgets,
+        stop_ids=stops,
+        sampling=Sampling(top_k=3, temperature=0.7),
+        generator=torch.Generator().manual_seed(1),
+    )
     for prompt, gen in zip(prompts, out):
         with torch.no_grad():
             logits = warm_policy.model(torch.tensor([prompt + gen.ids])).logits[0, len(prompt) - 1 : -1]
         expected = processed_logprobs(logits, Sampling(top_k=3, temperature=0.7))
         ids = torch.tensor(gen.ids)
         assert torch.isfinite(expected[torch.arange(len(ids)), ids]).all()
-        torch.testing.assert_close(torch.tensor(gen.logprobs), expected[torch.arange(len(ids)), ids], atol=MISMATCH_BOUND[kind], rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(gen.logprobs), expected[torch.arange(len(ids)), ids], atol=MISMATCH_BOUND[kind], rtol=0
+        )
 
 
 def _by_episode(episodes) -> dict[tuple[str, int], list[int]]:
@@ -105,11 +126,17 @@ def test_vllm_episodes_are_keyed_too(warm_policy, micro_cfg, vllm_engine):
     """vLLM takes each turn's keyed seed as the request's seed: the batch an episode ran in and
     its position there do not change what it samples."""
     tasks = [t for family in ("arithmetic", "code") for t in tasks_of(warm_policy, family, 2)]
-    common = dict(group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout.model_copy(update={"temperature": 1.3}),
-                  sampling_key="seed=0/round=1/step=1")
+    common = dict(
+        group_size=2,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout.model_copy(update={"temperature": 1.3}),
+        sampling_key="seed=0/round=1/step=1",
+    )
     together = _by_episode(run_episodes(vllm_engine, warm_policy.tokenizer, tasks, **common))
-    apart = _by_episode(run_episodes(vllm_engine, warm_policy.tokenizer, tasks[2:], **common)
-                        + run_episodes(vllm_engine, warm_policy.tokenizer, tasks[:2], **common))
+    apart = _by_episode(
+        run_episodes(vllm_engine, warm_policy.tokenizer, tasks[2:], **common)
+        + run_episodes(vllm_engine, warm_policy.tokenizer, tasks[:2], **common)
+    )
     same = sum(together[k] == apart[k] for k in together)
     assert same == len(together), f"{same}/{len(together)} episodes sampled the same ids"
 
@@ -140,9 +167,20 @@ def test_vllm_serves_new_weights_after_sync_without_restart(via, warm_policy, mi
     try:
         vllm_engine.sync_weights(moved, via=via)
         out = vllm_engine.generate(prompts, [10] * len(prompts), **kwargs)
-        records = [{"prompt_ids": p, "completion_ids": g.ids, "tool_mask": [1] * len(g.ids), "logprobs": g.logprobs} for p, g in zip(prompts, out)]
-        assert trainer_gap(moved, records, temperature=1.0, pad_id=tok.eos_token_id)[1]["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"]
-        assert trainer_gap(warm_policy.model, records, temperature=1.0, pad_id=tok.eos_token_id)[1]["rollout/logprob_mismatch_max"] > 0.01
+        records = [
+            {"prompt_ids": p, "completion_ids": g.ids, "tool_mask": [1] * len(g.ids), "logprobs": g.logprobs}
+            for p, g in zip(prompts, out)
+        ]
+        assert (
+            trainer_gap(moved, records, temperature=1.0, pad_id=tok.eos_token_id)[1]["rollout/logprob_mismatch_max"]
+            < MISMATCH_BOUND["vllm"]
+        )
+        assert (
+            trainer_gap(warm_policy.model, records, temperature=1.0, pad_id=tok.eos_token_id)[1][
+                "rollout/logprob_mismatch_max"
+            ]
+            > 0.01
+        )
     finally:
         vllm_engine.sync_weights(warm_policy.model)  # the module's engine serves the warm policy again
 
@@ -183,10 +221,25 @@ def test_hf_engine_drops_stopped_rows_and_generates_as_each_row_alone():
 def test_batch_cap_lets_waiting_episodes_join_as_others_finish(warm_policy, micro_cfg):
     tok = warm_policy.tokenizer
     tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 3)]
-    full = run_episodes(HFEngine(warm_policy.model), tok, tasks, group_size=1, tools=warm_policy.tools, cfg=micro_cfg.rollout, greedy=True)
+    full = run_episodes(
+        HFEngine(warm_policy.model),
+        tok,
+        tasks,
+        group_size=1,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout,
+        greedy=True,
+    )
     capped_engine = RecordingEngine(HFEngine(warm_policy.model))
-    capped = run_episodes(capped_engine, tok, tasks, group_size=1, tools=warm_policy.tools,
-                          cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}), greedy=True)
+    capped = run_episodes(
+        capped_engine,
+        tok,
+        tasks,
+        group_size=1,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}),
+        greedy=True,
+    )
     assert max(len(sequences) for sequences, _, _ in capped_engine.calls) == 4  # HF: one call per turn
     assert [e.completion_ids for e in capped] == [e.completion_ids for e in full]  # greedy: batching changes nothing
 
@@ -201,9 +254,24 @@ def test_vllm_continuous_schedule_respects_the_batch_cap(warm_policy, micro_cfg,
             super().submit(key, sequence, budget, **kwargs)
             seen.append(len(self.in_flight))  # turns in flight after this one
 
-    full = run_episodes(vllm_engine, tok, tasks, group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
-    capped = run_episodes(Counting(vllm_engine), tok, tasks, group_size=2, tools=warm_policy.tools,
-                          cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}), generator=torch.Generator().manual_seed(0))
+    full = run_episodes(
+        vllm_engine,
+        tok,
+        tasks,
+        group_size=2,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout,
+        generator=torch.Generator().manual_seed(0),
+    )
+    capped = run_episodes(
+        Counting(vllm_engine),
+        tok,
+        tasks,
+        group_size=2,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout.model_copy(update={"max_batch_size": 4}),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert max(seen) <= 4
     # seeds depend on the episode only, so who shared a step does not change what was sampled
     assert sum(a.completion_ids == b.completion_ids for a, b in zip(full, capped)) >= 0.9 * len(full)
@@ -218,13 +286,29 @@ def test_vllm_sessions_prefill_only_what_a_turn_adds(sessions, warm_policy, micr
     chunks = []
     monkeypatch.setattr(vllm_engine, "sessions", sessions)
     add_chunk = vllm_engine._add_session_chunk
-    monkeypatch.setattr(vllm_engine, "_add_session_chunk", lambda key, ids, params: (chunks.append((key, list(ids))), add_chunk(key, ids, params)))
+    monkeypatch.setattr(
+        vllm_engine,
+        "_add_session_chunk",
+        lambda key, ids, params: (chunks.append((key, list(ids))), add_chunk(key, ids, params)),
+    )
     tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 3)]
-    episodes = run_episodes(vllm_engine, tok, tasks, group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        vllm_engine,
+        tok,
+        tasks,
+        group_size=2,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert not vllm_engine.llm.llm_engine.has_unfinished_requests() and not vllm_engine._sessions
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
-    assert trainer_gap(warm_policy.model, records, temperature=micro_cfg.rollout.temperature, pad_id=tok.eos_token_id)[1][
-        "rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"]
+    assert (
+        trainer_gap(warm_policy.model, records, temperature=micro_cfg.rollout.temperature, pad_id=tok.eos_token_id)[1][
+            "rollout/logprob_mismatch_max"
+        ]
+        < MISMATCH_BOUND["vllm"]
+    )
     if not sessions:
         assert not chunks
         return
@@ -237,7 +321,7 @@ def test_vllm_sessions_prefill_only_what_a_turn_adds(sessions, warm_policy, micr
         assert sent[0] == e.prompt_ids and len(sent) == min(e.turns, len(e.tool_calls) + 1)
         for k, ids in enumerate(sent[1:]):  # turn k+1: the last id turn k sampled, then observation k
             start, end = _observation_span(e, k)
-            assert ids == e.completion_ids[start - 1: end]
+            assert ids == e.completion_ids[start - 1 : end]
             continued += 1
     assert continued > 0, "no episode had a second turn"
 
@@ -286,14 +370,21 @@ class ScriptedEngine:
 
     def __init__(self, tok, tasks):
         self.tok = tok
-        self.tool_of = {tuple(tok.encode(t["prompt"], add_special_tokens=False)): "search" if t["family"] == "search" else "code" for t in tasks}
+        self.tool_of = {
+            tuple(tok.encode(t["prompt"], add_special_tokens=False)): "search" if t["family"] == "search" else "code"
+            for t in tasks
+        }
 
     def generate(self, sequences, budgets, **kwargs):
         out = []
         for seq in sequences:
             tool = next(name for prompt, name in self.tool_of.items() if tuple(seq[: len(prompt)]) == prompt)
             called = len(seq) > max(len(p) for p in self.tool_of if tuple(seq[: len(p)]) == p)
-            text = "<answer>1</answer>" if called else ("<search>x</search>" if tool == "search" else "<code>print(1)</code>")
+            text = (
+                "<answer>1</answer>"
+                if called
+                else ("<search>x</search>" if tool == "search" else "<code>print(1)</code>")
+            )
             ids = self.tok.encode(text, add_special_tokens=False)
             out.append(Generation(ids, [-0.1] * len(ids)))
         return out
@@ -308,7 +399,9 @@ class ScriptedEngine:
 def test_tool_batches_of_one_turn_run_concurrently_and_a_crashing_tool_becomes_an_observation(warm_policy, micro_cfg):
     tok = warm_policy.tokenizer
     tasks = [tasks_of(warm_policy, "arithmetic", 1)[0], tasks_of(warm_policy, "search", 1)[0]]
-    barrier = threading.Barrier(2, timeout=10)  # breaks (and the call raises) if the two batches ran one after the other
+    barrier = threading.Barrier(
+        2, timeout=10
+    )  # breaks (and the call raises) if the two batches ran one after the other
     tools = {"code": BarrierTool("code", barrier), "search": BarrierTool("search", barrier)}
     episodes = run_episodes(ScriptedEngine(tok, tasks), tok, tasks, group_size=1, tools=tools, cfg=micro_cfg.rollout)
     assert [e.tool_calls[0]["result"] for e in episodes] == ["code ok\n", "search ok\n"]
@@ -320,7 +413,9 @@ def test_tool_batches_of_one_turn_run_concurrently_and_a_crashing_tool_becomes_a
         def call_many(self, args):
             raise OSError("sandbox pool is gone")
 
-    episodes = run_episodes(ScriptedEngine(tok, tasks), tok, tasks[:1], group_size=2, tools={"code": Crashing()}, cfg=micro_cfg.rollout)
+    episodes = run_episodes(
+        ScriptedEngine(tok, tasks), tok, tasks[:1], group_size=2, tools={"code": Crashing()}, cfg=micro_cfg.rollout
+    )
     assert [e.tool_calls[0]["error"] for e in episodes] == ["tool_exception"] * 2
     assert all(e.stop_reason == "answer" for e in episodes)  # the episode went on after the error observation
 
@@ -351,8 +446,14 @@ def test_tool_cores_run_the_code_on_their_own_cores_during_a_rollout_and_restore
             return super().generate(sequences, budgets, **kwargs)
 
     tok, tasks = warm_policy.tokenizer, tasks_of(warm_policy, "arithmetic", 2)
-    episodes = run_episodes(Placed(tok, tasks), tok, tasks, group_size=2, tools={"code": code},
-                            cfg=micro_cfg.rollout.model_copy(update={"tool_cores": 1}))
+    episodes = run_episodes(
+        Placed(tok, tasks),
+        tok,
+        tasks,
+        group_size=2,
+        tools={"code": code},
+        cfg=micro_cfg.rollout.model_copy(update={"tool_cores": 1}),
+    )
     assert [c["result"] for e in episodes for c in e.tool_calls] == ["1\n"] * 4
     assert seen == [(cpus[:-1], len(cpus) - 1)] * 2  # the call turn and the answer turn
     assert sorted(os.sched_getaffinity(0)) == cpus and torch.get_num_threads() == threads
@@ -373,15 +474,32 @@ def test_an_rl_round_on_vllm_logs_the_mismatch_every_step_and_syncs_weights(tis_
     from verifiers.cascade import Cascade
 
     policy = copy.deepcopy(warm_policy.model)
-    rl = micro_cfg.rl.model_copy(update={"steps_per_round": 3, "prompts_per_step": 4, "group_size": 4, "kl_coef": 0.0, "tis_cap": tis_cap})
+    rl = micro_cfg.rl.model_copy(
+        update={"steps_per_round": 3, "prompts_per_step": 4, "group_size": 4, "kl_coef": 0.0, "tis_cap": tis_cap}
+    )
     rollout = micro_cfg.rollout.model_copy(update={"engine": "vllm"})
-    result = train_round(policy, None, warm_policy.tokenizer, warm_policy.tasks, warm_policy.tools, rl=rl, rollout=rollout,
-                         cascade=Cascade(RewardConfig()), round_index=1, policy_version="t", seed=0)
+    result = train_round(
+        policy,
+        None,
+        warm_policy.tokenizer,
+        warm_policy.tasks,
+        warm_policy.tools,
+        rl=rl,
+        rollout=rollout,
+        cascade=Cascade(RewardConfig()),
+        round_index=1,
+        policy_version="t",
+        seed=0,
+    )
     assert [h["step"] for h in result.history] == [1, 2, 3]
     for h in result.history:
-        assert h["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"], h  # after each sync, the engine serves the trainer's weights
+        assert h["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"], (
+            h
+        )  # after each sync, the engine serves the trainer's weights
         assert h["rollout/logprob_mismatch_mean"] <= h["rollout/logprob_mismatch_max"]
         if h["rollout/trained_trajectories"]:
             assert h["perf/weight_sync_s"] >= 0
             assert ("rollout/tis_weight_mean" in h) == (tis_cap is not None)
-    assert any(h["rollout/trained_trajectories"] for h in result.history), "no step trained: the sync was never exercised"
+    assert any(h["rollout/trained_trajectories"] for h in result.history), (
+        "no step trained: the sync was never exercised"
+    )

@@ -35,8 +35,12 @@ def test_uniforms_are_a_pure_function_of_seed_and_index_and_look_uniform():
 def test_episode_and_turn_seeds_are_stable_and_distinct():
     a = episode_seed("seed=0/round=1/step=2", "math-17", 3)
     assert a == episode_seed("seed=0/round=1/step=2", "math-17", 3)  # no per-process hash salt
-    others = {episode_seed("seed=0/round=1/step=2", "math-17", 4), episode_seed("seed=0/round=1/step=3", "math-17", 3),
-              episode_seed("seed=1/round=1/step=2", "math-17", 3), episode_seed("seed=0/round=1/step=2", "math-18", 3)}
+    others = {
+        episode_seed("seed=0/round=1/step=2", "math-17", 4),
+        episode_seed("seed=0/round=1/step=3", "math-17", 3),
+        episode_seed("seed=1/round=1/step=2", "math-17", 3),
+        episode_seed("seed=0/round=1/step=2", "math-18", 3),
+    }
     assert a not in others and len(others) == 4
     assert 0 <= a < 2**63 and turn_seed(a, 0) != turn_seed(a, 5) and 0 <= turn_seed(a, 5) < 2**63
 
@@ -69,13 +73,23 @@ def test_moving_episodes_between_ranks_keeps_their_sampled_ids(warm_policy, micr
     step key samples different ones."""
     tasks = [t for family in ("arithmetic", "search") for t in tasks_of(warm_policy, family, 2)]
     engine = HFEngine(warm_policy.model, warm_policy.tokenizer)
-    common = dict(group_size=2, tools=warm_policy.tools, cfg=micro_cfg.rollout.model_copy(update={"temperature": 1.3}),
-                  sampling_key="seed=0/round=1/step=1")
-    before = _by_episode(run_episodes(engine, warm_policy.tokenizer, tasks[:2], **common)
-                         + run_episodes(engine, warm_policy.tokenizer, tasks[2:], **common))
-    after = _by_episode(run_episodes(engine, warm_policy.tokenizer, [tasks[3], tasks[0]], **common)
-                        + run_episodes(engine, warm_policy.tokenizer, [tasks[1], tasks[2]], **common))
+    common = dict(
+        group_size=2,
+        tools=warm_policy.tools,
+        cfg=micro_cfg.rollout.model_copy(update={"temperature": 1.3}),
+        sampling_key="seed=0/round=1/step=1",
+    )
+    before = _by_episode(
+        run_episodes(engine, warm_policy.tokenizer, tasks[:2], **common)
+        + run_episodes(engine, warm_policy.tokenizer, tasks[2:], **common)
+    )
+    after = _by_episode(
+        run_episodes(engine, warm_policy.tokenizer, [tasks[3], tasks[0]], **common)
+        + run_episodes(engine, warm_policy.tokenizer, [tasks[1], tasks[2]], **common)
+    )
     assert before == after
     assert len({tuple(ids) for ids in before.values()}) > 1  # really sampled (T = 1.3), not one greedy answer
-    other = _by_episode(run_episodes(engine, warm_policy.tokenizer, tasks[:2], **{**common, "sampling_key": "seed=0/round=1/step=2"}))
+    other = _by_episode(
+        run_episodes(engine, warm_policy.tokenizer, tasks[:2], **{**common, "sampling_key": "seed=0/round=1/step=2"})
+    )
     assert any(other[k] != before[k] for k in other)

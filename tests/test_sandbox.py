@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 if shutil.which("bwrap") is None:
-    pytest.skip("bubblewrap (`bwrap`) is not installed; the sandbox needs it",
-                allow_module_level=True)
+    pytest.skip("bubblewrap (`bwrap`) is not installed; the sandbox needs it", allow_module_level=True)
 
+from verifiers.docker_sandbox import DockerSandbox  # noqa: E402
 from verifiers.sandbox import (  # noqa: E402  (after the module-level skip)
     DEFAULT_UID_BASE,
     SANDBOX_ENV,
@@ -29,12 +29,10 @@ from verifiers.sandbox import (  # noqa: E402  (after the module-level skip)
     Sandbox,
     SandboxLimits,
     _seccomp_program,
-    make_sandbox,
 )
-from verifiers.docker_sandbox import DockerSandbox  # noqa: E402
+from verifiers.sandboxes import make_sandbox  # noqa: E402
 
-LIMITS = SandboxLimits(timeout_s=1.0, cpu_s=2, memory_mb=256, max_processes=8,
-                       max_output_bytes=4096, max_file_mb=8)
+LIMITS = SandboxLimits(timeout_s=1.0, cpu_s=2, memory_mb=256, max_processes=8, max_output_bytes=4096, max_file_mb=8)
 # Every pool here runs as uids of its own, not shared with other sandboxes on this host
 # (another test run, the pipeline): host-side process counts are then exact, and
 # RLIMIT_NPROC, which counts per uid system-wide, is not shared either.
@@ -92,10 +90,13 @@ def test_stdin_is_passed(sandbox):
     assert result.ok and result.stdout == "cba\n"
 
 
-@pytest.mark.parametrize("code, expected", [
-    ("def f(:\n    pass", "SyntaxError"),
-    ("raise ValueError('boom')", "ValueError: boom"),
-])
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("def f(:\n    pass", "SyntaxError"),
+        ("raise ValueError('boom')", "ValueError: boom"),
+    ],
+)
 def test_errors_are_reported(sandbox, code, expected):
     result = sandbox.run_python(code)
     assert result.exit_code == 1 and not result.ok
@@ -110,9 +111,11 @@ def test_exit_codes_follow_python_semantics(sandbox):
 
 
 def test_runs_unprivileged(sandbox):
-    code = ("import os\n"
-            "caps = open('/proc/self/status').read().split('CapEff:')[1].split()[0]\n"
-            "print(os.getuid(), os.getgid(), int(caps, 16))")
+    code = (
+        "import os\n"
+        "caps = open('/proc/self/status').read().split('CapEff:')[1].split()[0]\n"
+        "print(os.getuid(), os.getgid(), int(caps, 16))"
+    )
     uid, gid, caps = sandbox.run_python(code).stdout.split()
     assert int(uid) != 0 and int(gid) != 0
     assert caps == "0"
@@ -167,8 +170,10 @@ for path in ({str(victim)!r}, {str(victim_dir / "new.txt")!r}, "/tmp/outside_scr
         result = sandbox.run_python(code)
         assert result.ok, result.stderr
         assert result.stdout.splitlines() == [
-            f"DENIED victim.txt {errno.EROFS}", f"DENIED new.txt {errno.EROFS}",
-            f"DENIED outside_scratch.txt {errno.EACCES}"]  # the private /tmp is root's
+            f"DENIED victim.txt {errno.EROFS}",
+            f"DENIED new.txt {errno.EROFS}",
+            f"DENIED outside_scratch.txt {errno.EACCES}",
+        ]  # the private /tmp is root's
         assert victim.read_text() == "original"
         assert sorted(p.name for p in victim_dir.iterdir()) == ["victim.txt"]
     finally:
@@ -178,7 +183,8 @@ for path in ({str(victim)!r}, {str(victim_dir / "new.txt")!r}, "/tmp/outside_scr
 def test_scratch_is_writable_but_not_shared_between_calls(single):
     write = single.run_python(
         "import os\nopen('state.txt', 'w').write('hello')\n"
-        "print(open('state.txt').read(), os.getcwd() == os.environ['HOME'])")
+        "print(open('state.txt').read(), os.getcwd() == os.environ['HOME'])"
+    )
     assert write.ok, write.stderr
     assert write.stdout == "hello True\n"
     for _ in range(2):  # the same (only) worker serves these calls
@@ -195,8 +201,11 @@ def test_host_files_are_not_readable(sandbox, tmp_path):
     answer_key = tmp_path / "answer_key.txt"  # the host's /tmp: not the sandbox's
     answer_key.write_text("42")
     repo_file = str(Path(__file__).resolve())
-    masked = [p for p in ("/root", "/home", "/work", "/run", "/mnt", "/srv", "/media")
-              if os.path.isdir(p) and not os.path.islink(p)]
+    masked = [
+        p
+        for p in ("/root", "/home", "/work", "/run", "/mnt", "/srv", "/media")
+        if os.path.isdir(p) and not os.path.islink(p)
+    ]
     code = f"""
 import os
 for path in ("/etc/shadow", {str(answer_key)!r}, {repo_file!r}, "/proc/1/root/etc/passwd"):
@@ -219,10 +228,13 @@ print({{p: sorted(os.listdir(p)) for p in {masked!r}}})
     expected.append("PermissionError /proc/1/root/etc/passwd")  # bwrap's root: not ours to enter
     assert reads == expected
     # Masked dirs are empty but for the path to the interpreter, bound back read-only.
-    interpreter = {os.path.realpath(sys.base_prefix),
-                   os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    assert eval(listings) == {p: sorted({os.path.relpath(x, p).split("/")[0] for x in interpreter
-                                         if x.startswith(p + "/")}) for p in masked}
+    interpreter = {
+        os.path.realpath(sys.base_prefix),
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    }
+    assert eval(listings) == {
+        p: sorted({os.path.relpath(x, p).split("/")[0] for x in interpreter if x.startswith(p + "/")}) for p in masked
+    }
 
 
 def test_host_environment_does_not_leak(monkeypatch):
@@ -250,8 +262,7 @@ print(subprocess.run(["cat", "/proc/self/environ"], capture_output=True).stdout)
     env, *procs, exec_env = result.stdout.splitlines()
     assert json.loads(env) == SANDBOX_ENV
     # After setuid the child is not dumpable; bwrap (1) and the worker (2) are root's.
-    assert procs == [f"{p} PermissionError" for p in
-                     ("/proc/self/environ", "/proc/1/environ", "/proc/2/environ")]
+    assert procs == [f"{p} PermissionError" for p in ("/proc/self/environ", "/proc/1/environ", "/proc/2/environ")]
     assert "PATH=" in exec_env  # the exec'd process did read its environment
     for name, value in secrets.items():
         assert value not in result.stdout + result.stderr
@@ -304,17 +315,18 @@ except OSError as exc:
     for _ in range(2):
         after = sandbox.run_python(
             "import os\nfor _ in range(3):\n    pid = os.fork()\n"
-            "    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)\nprint('ok')")
+            "    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)\nprint('ok')"
+        )
         assert after.ok and after.stdout == "ok\n", after.stderr
 
 
 def test_escaped_background_process_is_killed(single):
     spawn = single.run_python(
-        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('spawned')")
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('spawned')"
+    )
     assert spawn.ok and spawn.stdout == "spawned\n"
     # Same worker and PID namespace: only bwrap (1), the worker (2) and we may exist.
-    result = single.run_python(
-        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    result = single.run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
     pids = eval(result.stdout)
     assert pids[:2] == [1, 2] and len(pids) == 3, pids
 
@@ -325,8 +337,10 @@ def test_ignored_sigxcpu_still_dies_at_the_cpu_hard_limit(hostile):
     Ignoring and blocking SIGXCPU (the soft-limit warning) buys one more CPU second, no more:
     the call ends inside the 10 s wall clock.
     """
-    code = ("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
-            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXCPU})\nwhile True:\n    pass")
+    code = (
+        "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXCPU})\nwhile True:\n    pass"
+    )
     result = hostile.run_python(code)
     assert result.error == "cpu_limit" and result.timed_out
     assert result.exit_code == -signal.SIGKILL
@@ -390,8 +404,7 @@ if own_namespace:
         result = hostile.run_python(code)
         assert result.ok, result.stderr
         namespace, *lines = result.stdout.splitlines()
-        assert lines[:9] == [f"EPERM {pid} {sig}" for pid in (2, 2, 1)
-                             for sig in ("SIGTERM", "SIGKILL", "SIGSTOP")]
+        assert lines[:9] == [f"EPERM {pid} {sig}" for pid in (2, 2, 1) for sig in ("SIGTERM", "SIGKILL", "SIGSTOP")]
         if namespace != "own-pid-namespace True":
             pytest.skip(f"not in the sandbox's own PID namespace ({namespace}): kill(-1) not tried")
         assert lines[9:] == ["kill(-1) returned"]
@@ -436,8 +449,11 @@ for pid in (1, 2):
     assert sorted(cmdlines)[:2] == [1, 2] and len(cmdlines) == 3, cmdlines  # 1, 2 and us
     assert os.path.basename(cmdlines[1]) == "bwrap"
     assert cmdlines[2] == os.path.realpath(sys.executable)  # the worker interpreter
-    assert reads == [f"EACCES /proc/{pid}/{entry}" for pid in (1, 2) for entry in
-                     ("environ", "mem", "maps", "stack", "fd", "cwd", "root", "exe")]
+    assert reads == [
+        f"EACCES /proc/{pid}/{entry}"
+        for pid in (1, 2)
+        for entry in ("environ", "mem", "maps", "stack", "fd", "cwd", "root", "exe")
+    ]
 
 
 def test_subprocesses_are_contained_and_do_not_outlive_the_call(hostile):
@@ -492,8 +508,9 @@ time.sleep(30)
     assert result.duration_s < LIMITS.timeout_s + 1.0
     assert 1 < peak <= LIMITS.max_processes
     assert host_pids(sandbox.uids) == []
-    after = sandbox.run_many(["import os\npid = os.fork()\nif pid == 0: os._exit(0)\n"
-                              "os.waitpid(pid, 0)\nprint('ok')"] * 2)
+    after = sandbox.run_many(
+        ["import os\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\nprint('ok')"] * 2
+    )
     assert [r.stdout for r in after] == ["ok\n", "ok\n"]  # the uid's process count was reset
 
 
@@ -544,11 +561,24 @@ print("nnp", status["NoNewPrivs"].strip(), "seccomp", status["Seccomp"].strip())
     result = hostile.run_python(code)
     assert result.ok, result.stderr
     *attempts, ids, caps, nnp = result.stdout.splitlines()
-    names = ["setuid(0)", "setgid(0)", "setgroups", "unshare(CLONE_NEWUSER)",
-             "unshare(CLONE_NEWNS)", "clone(CLONE_NEWUSER)", "setns(mnt)", "mount(tmpfs)",
-             "umount2(/root)", "chroot",
-             "setrlimit(NPROC up)", "setrlimit(CPU up)", "prlimit(worker)",
-             "prctl(CAP_AMBIENT_RAISE)", "prctl(SET_SECUREBITS)", "prctl(CAPBSET_DROP)"]
+    names = [
+        "setuid(0)",
+        "setgid(0)",
+        "setgroups",
+        "unshare(CLONE_NEWUSER)",
+        "unshare(CLONE_NEWNS)",
+        "clone(CLONE_NEWUSER)",
+        "setns(mnt)",
+        "mount(tmpfs)",
+        "umount2(/root)",
+        "chroot",
+        "setrlimit(NPROC up)",
+        "setrlimit(CPU up)",
+        "prlimit(worker)",
+        "prctl(CAP_AMBIENT_RAISE)",
+        "prctl(SET_SECUREBITS)",
+        "prctl(CAPBSET_DROP)",
+    ]
     assert attempts == [f"{name} -1 {os.strerror(errno.EPERM)}" for name in names]
     uid = hostile.uids[0]
     assert ids == f"ids {uid} {uid} {uid} {uid} {uid} {uid} []"
@@ -580,10 +610,10 @@ for name, call in [("shmget", lambda: libc.shmget(0x5EC, 4096, 0o1000 | 0o600)),
     print(name, call(), os.strerror(ctypes.get_errno()))
 """)
     assert write.ok, write.stderr
-    assert write.stdout.splitlines() == [f"{name} -1 {os.strerror(errno.EPERM)}" for name in
-                                         ("shmget", "msgget", "semget", "mq_open", "add_key")]
-    read = single.run_python(
-        "print([len(open(f'/proc/sysvipc/{k}').readlines()) for k in ('shm', 'msg', 'sem')])")
+    assert write.stdout.splitlines() == [
+        f"{name} -1 {os.strerror(errno.EPERM)}" for name in ("shmget", "msgget", "semget", "mq_open", "add_key")
+    ]
+    read = single.run_python("print([len(open(f'/proc/sysvipc/{k}').readlines()) for k in ('shm', 'msg', 'sem')])")
     assert read.stdout == "[1, 1, 1]\n"  # header lines only: nothing left behind
 
 
@@ -596,8 +626,7 @@ def test_seccomp_program_per_architecture():
 
 
 def test_output_truncation(sandbox):
-    result = sandbox.run_python(
-        "import sys\nprint('x' * 1_000_000)\nsys.stderr.write('e' * 100_000)")
+    result = sandbox.run_python("import sys\nprint('x' * 1_000_000)\nsys.stderr.write('e' * 100_000)")
     assert result.ok
     for stream in (result.stdout, result.stderr):
         assert len(stream.encode()) <= LIMITS.max_output_bytes + len(TRUNCATION_MARKER)
@@ -629,11 +658,14 @@ def test_run_many_preserves_order(sandbox):
 def test_state_isolation(sandbox):
     leak = sandbox.run_python(
         "import builtins, json, sys\nbuiltins.LEAK = 1\njson.LEAK = 1\n"
-        "sys.path.append('/leak')\nGLOBAL_X = 5\nprint('set')")
+        "sys.path.append('/leak')\nGLOBAL_X = 5\nprint('set')"
+    )
     assert leak.stdout == "set\n"
-    check = ("import builtins, json, sys\n"
-             "print(hasattr(builtins, 'LEAK'), hasattr(json, 'LEAK'), "
-             "'/leak' in sys.path, 'GLOBAL_X' in globals())")
+    check = (
+        "import builtins, json, sys\n"
+        "print(hasattr(builtins, 'LEAK'), hasattr(json, 'LEAK'), "
+        "'/leak' in sys.path, 'GLOBAL_X' in globals())"
+    )
     for result in sandbox.run_many([check] * 4):  # covers both workers
         assert result.stdout == "False False False False\n"
 
@@ -656,10 +688,19 @@ def test_killed_worker_is_replaced(single):
     assert single.worker_pids() != [old_pid]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("timeout_s", 0), ("timeout_s", float("nan")), ("cpu_s", 0), ("cpu_s", 1.5),
-    ("memory_mb", 1), ("max_processes", 0), ("max_output_bytes", 0), ("max_file_mb", True),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("timeout_s", 0),
+        ("timeout_s", float("nan")),
+        ("cpu_s", 0),
+        ("cpu_s", 1.5),
+        ("memory_mb", 1),
+        ("max_processes", 0),
+        ("max_output_bytes", 0),
+        ("max_file_mb", True),
+    ],
+)
 def test_limits_validation_names_the_field(field, value):
     with pytest.raises(ValueError) as info:
         SandboxLimits(**{field: value})

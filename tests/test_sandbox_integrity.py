@@ -120,11 +120,15 @@ def test_entry_flood_is_bounded_and_its_cleanup_is_timed(make):
         assert box.run_python("import os; print(os.listdir('.'))").stdout == "[]\n"
 
 
-@pytest.mark.parametrize("setup, make", [
-    ("open('f', 'w').close()\nn = 1", "os.link('f', f'l{n}')"),  # tmpfs charges each link as an inode
-    ("n = 0", "os.symlink('f', f's{n}')"),
-    ("n = 0", "open(f'{n:0255d}', 'w').close()"),  # names of the maximum length
-], ids=["hard links", "symlinks", "255-byte names"])
+@pytest.mark.parametrize(
+    "setup, make",
+    [
+        ("open('f', 'w').close()\nn = 1", "os.link('f', f'l{n}')"),  # tmpfs charges each link as an inode
+        ("n = 0", "os.symlink('f', f's{n}')"),
+        ("n = 0", "open(f'{n:0255d}', 'w').close()"),  # names of the maximum length
+    ],
+    ids=["hard links", "symlinks", "255-byte names"],
+)
 def test_max_files_bounds_every_kind_of_entry(setup, make):
     code = f"import os\n{setup}\ntry:\n    while True:\n        {make}\n        n += 1\nexcept OSError as exc:\n    print(n, exc.errno)"
     with pool(SandboxLimits(timeout_s=5.0, max_files=50)) as box:
@@ -170,8 +174,9 @@ def host_unix_sockets():
         pytest.skip("no host /var/tmp to place the sockets in")
     folder = tempfile.mkdtemp(prefix="sandbox-sockets-", dir="/var/tmp")
     os.chmod(folder, 0o755)
-    stream, dgram, abstract = (socket.socket(socket.AF_UNIX, kind) for kind in
-                               (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_STREAM))
+    stream, dgram, abstract = (
+        socket.socket(socket.AF_UNIX, kind) for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_STREAM)
+    )
     try:
         stream.bind(f"{folder}/stream.sock")
         dgram.bind(f"{folder}/dgram.sock")
@@ -200,10 +205,16 @@ def test_host_unix_sockets_are_not_reachable(host_unix_sockets):
     assert result.ok, result.stderr
     assert result.stdout.splitlines() == [
         *(f"{label} EAFNOSUPPORT" for label in ("stream", "dgram", "dgram pair", "abstract", "vsock", "packet")),
-        "stream pair ok", "asyncio ok", "fork+pipe ok 0"]
+        "stream pair ok",
+        "asyncio ok",
+        "fork+pipe ok 0",
+    ]
     reached = []
-    for name, receive in (("stream", socks["stream"].accept), ("dgram", lambda: socks["dgram"].recv(16)),
-                          ("abstract", socks["abstract"].accept)):
+    for name, receive in (
+        ("stream", socks["stream"].accept),
+        ("dgram", lambda: socks["dgram"].recv(16)),
+        ("abstract", socks["abstract"].accept),
+    ):
         try:
             receive()
             reached.append(name)
@@ -272,18 +283,46 @@ def test_processes_of_a_call_cannot_read_each_others_memory():
         result = box.run_python(code)
     assert result.ok, result.stderr
     assert result.stdout.splitlines() == [
-        "dumpable 1", "process_vm_readv refused", "ptrace refused", "pidfd_getfd refused", "kcmp refused",
-        "dumpable 0", "/proc/pid/mem refused True"]
+        "dumpable 1",
+        "process_vm_readv refused",
+        "ptrace refused",
+        "pidfd_getfd refused",
+        "kcmp refused",
+        "dumpable 0",
+        "/proc/pid/mem refused True",
+    ]
 
 
 # --- the filters themselves, on both tabled CPUs (only one of which runs here) -------------------
 
 # From the kernel's asm/unistd_64.h (x86_64) and asm-generic/unistd.h (aarch64).
 SYSCALLS = {
-    "x86_64": {"read": 0, "clone": 56, "socket": 41, "socketpair": 53, "mount": 165, "umount2": 166,
-               "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438},
-    "aarch64": {"read": 63, "clone": 220, "socket": 198, "socketpair": 199, "mount": 40, "umount2": 39,
-                "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438},
+    "x86_64": {
+        "read": 0,
+        "clone": 56,
+        "socket": 41,
+        "socketpair": 53,
+        "mount": 165,
+        "umount2": 166,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "kcmp": 312,
+        "pidfd_getfd": 438,
+    },
+    "aarch64": {
+        "read": 63,
+        "clone": 220,
+        "socket": 198,
+        "socketpair": 199,
+        "mount": 40,
+        "umount2": 39,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "kcmp": 272,
+        "pidfd_getfd": 438,
+    },
 }
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 ALLOW, KILL = 0x7FFF_0000, 0x8000_0000
@@ -327,13 +366,17 @@ def test_filters_refuse_memory_access_mounts_and_unscoped_sockets(machine):
         assert run_filter(child, arch, nr[name]) == errno_action(errno.EPERM)
     assert run_filter(worker, arch, nr["clone"], 0x10000000) == errno_action(errno.EPERM)  # CLONE_NEWUSER
     expected = {
-        ("socket", af_inet, sock_stream, 0): ALLOW, ("socket", af_inet6, sock_dgram, 0): ALLOW,
+        ("socket", af_inet, sock_stream, 0): ALLOW,
+        ("socket", af_inet6, sock_dgram, 0): ALLOW,
         ("socket", af_netlink, sock_dgram, 0): ALLOW,  # NETLINK_ROUTE: glibc's if_nameindex, getaddrinfo
         ("socket", af_netlink, sock_dgram, 15): noaf,  # NETLINK_KOBJECT_UEVENT: the host's device events
-        ("socket", af_unix, sock_stream, 0): noaf, ("socket", af_vsock, sock_stream, 0): noaf,
+        ("socket", af_unix, sock_stream, 0): noaf,
+        ("socket", af_vsock, sock_stream, 0): noaf,
         ("socketpair", af_unix, sock_stream | sock_cloexec, 0): ALLOW,
-        ("socketpair", af_unix, sock_dgram, 0): noaf, ("socketpair", af_unix, sock_seqpacket, 0): noaf,
-        ("read", 0, 0, 0): ALLOW, ("clone", 17, 0, 0): ALLOW,  # SIGCHLD: a plain fork
+        ("socketpair", af_unix, sock_dgram, 0): noaf,
+        ("socketpair", af_unix, sock_seqpacket, 0): noaf,
+        ("read", 0, 0, 0): ALLOW,
+        ("clone", 17, 0, 0): ALLOW,  # SIGCHLD: a plain fork
     }
     for (name, *args), action in expected.items():
         assert run_filter(worker, arch, nr[name], *args) == action, (name, args)

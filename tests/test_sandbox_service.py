@@ -34,9 +34,10 @@ from configs.schema import RewardConfig, VerifierSpec  # noqa: E402
 from environments.tools import CodeInterpreter  # noqa: E402
 from verifiers.cascade import Cascade  # noqa: E402
 from verifiers.code_tests import DEFAULT_ALLOWED_IMPORTS  # noqa: E402
-from verifiers.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits, make_sandbox  # noqa: E402
+from verifiers.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits  # noqa: E402
 from verifiers.sandbox_client import HTTPSandbox, _batches  # noqa: E402
 from verifiers.sandbox_service import TOKEN_ENV, _process_alive  # noqa: E402
+from verifiers.sandboxes import make_sandbox  # noqa: E402
 from verifiers.shaping import Candidate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +47,13 @@ LIMITS = SandboxLimits(timeout_s=1.0, cpu_s=1)  # what the services below run wi
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 # Pools of their own uids (RLIMIT_NPROC counts per uid, host-wide), apart from other tests' pools.
 _uid_bases = itertools.count(DEFAULT_UID_BASE + 20_000_000 + os.getpid() % 100_000 * 100, 4)
-CODE_TASK = {"task_id": "c", "family": "code", "entry_point": "add", "answer": "",
-             "tests": [{"name": f"t{i}", "code": f"assert add({i}, 2) == {i + 2}", "group": "fail_to_pass"} for i in range(3)]}
+CODE_TASK = {
+    "task_id": "c",
+    "family": "code",
+    "entry_point": "add",
+    "answer": "",
+    "tests": [{"name": f"t{i}", "code": f"assert add({i}, 2) == {i + 2}", "group": "fail_to_pass"} for i in range(3)],
+}
 # Small retry budgets: a dead service must fail calls in well under a second here.
 FAST_FAILING = {"retries": 2, "backoff_s": 0.1, "connect_timeout_s": 1.0}
 
@@ -65,11 +71,34 @@ class Service:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # a file, not a pipe: can never block the service
-        argv = [sys.executable, "-m", "verifiers.sandbox_service", "--host", "127.0.0.1", "--port", str(self.port),
-                "--pool-size", "2", "--timeout-s", str(timeout_s), "--uid-base", str(next(_uid_bases)),
-                "--max-request-bytes", str(MAX_BYTES), "--max-batch", str(MAX_BATCH), "--max-pending", str(MAX_PENDING),
-                "--keep-alive-s", str(keep_alive_s), "--log-level", "warning"]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, TOKEN_ENV: TOKEN}, stdout=self.log, stderr=self.log)
+        argv = [
+            sys.executable,
+            "-m",
+            "verifiers.sandbox_service",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--pool-size",
+            "2",
+            "--timeout-s",
+            str(timeout_s),
+            "--uid-base",
+            str(next(_uid_bases)),
+            "--max-request-bytes",
+            str(MAX_BYTES),
+            "--max-batch",
+            str(MAX_BATCH),
+            "--max-pending",
+            str(MAX_PENDING),
+            "--keep-alive-s",
+            str(keep_alive_s),
+            "--log-level",
+            "warning",
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, TOKEN_ENV: TOKEN}, stdout=self.log, stderr=self.log
+        )
         deadline = time.monotonic() + 60
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -122,8 +151,12 @@ class Service:
 def metric(url: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples on /metrics that carry `labels`."""
     text = httpx.get(f"{url}/metrics", timeout=5.0).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +176,20 @@ def box(service):
 
 def test_requests_without_the_right_token_are_refused_and_run_nothing(service):
     calls_before = metric(service.url, "flywheel_sandbox_calls_total")
-    wrong = [{}, {"authorization": "Bearer " + secrets.token_hex(16)}, {"authorization": f"Basic {TOKEN}"},
-             {"authorization": f"Bearer {TOKEN}x"}, {"authorization": TOKEN}]
+    wrong = [
+        {},
+        {"authorization": "Bearer " + secrets.token_hex(16)},
+        {"authorization": f"Basic {TOKEN}"},
+        {"authorization": f"Bearer {TOKEN}x"},
+        {"authorization": TOKEN},
+    ]
     for headers in wrong:
-        for method, path, body in (("POST", "/v1/run", {"code": "print(1)"}), ("POST", "/v1/run_many", {"codes": ["print(1)"]}),
-                                   ("GET", "/v1/info", None), ("GET", "/docs", None)):
+        for method, path, body in (
+            ("POST", "/v1/run", {"code": "print(1)"}),
+            ("POST", "/v1/run_many", {"codes": ["print(1)"]}),
+            ("GET", "/v1/info", None),
+            ("GET", "/docs", None),
+        ):
             r = httpx.request(method, service.url + path, json=body, headers=headers)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (headers, path, r.text)
     assert metric(service.url, "flywheel_sandbox_calls_total") == calls_before, "a refused request ran code"
@@ -168,13 +210,17 @@ def test_oversized_requests_are_refused_before_parsing(service, box):
     assert r.status_code == 413
     # The client does not send what the service would refuse; the call is a sandbox failure.
     result = box.run_python(big["code"])
-    assert not result.ok and result.error.startswith("sandbox_failure: request of") and "max_request_bytes" in result.error
+    assert (
+        not result.ok and result.error.startswith("sandbox_failure: request of") and "max_request_bytes" in result.error
+    )
     # A 413 from the service is a failure too, and not retried (4xx would fail the same way again).
     refused_before = metric(service.url, "flywheel_sandbox_requests_total", endpoint="/v1/run", status="413")
     box.max_request_bytes = 10 * MAX_BYTES
     result = box.run_python(big["code"])
     assert result.error.startswith("sandbox_failure: sandbox service refused the request: HTTP 413"), result
-    assert metric(service.url, "flywheel_sandbox_requests_total", endpoint="/v1/run", status="413") == refused_before + 1
+    assert (
+        metric(service.url, "flywheel_sandbox_requests_total", endpoint="/v1/run", status="413") == refused_before + 1
+    )
 
 
 def test_a_batch_over_max_batch_is_refused_and_the_client_splits_batches(service, box):
@@ -255,7 +301,9 @@ def test_results_through_the_service(box):
 
 def test_the_unit_test_verifier_scores_through_the_service(box):
     cascade = Cascade(RewardConfig(verifiers={"code": VerifierSpec(name="unit_tests")}, terms={}), box, concurrency=2)
-    right, wrong = (Candidate([f"<answer>def add(a, b):\n    return {body}</answer>"], 20, ()) for body in ("a + b", "a - b"))
+    right, wrong = (
+        Candidate([f"<answer>def add(a, b):\n    return {body}</answer>"], 20, ()) for body in ("a + b", "a - b")
+    )
     scored = cascade.score_many([(right, CODE_TASK), (wrong, CODE_TASK)])
     assert [s.outcome for s in scored] == [1.0, 0.0]
 
@@ -300,7 +348,9 @@ def test_a_service_killed_mid_verification_earns_no_reward():
     # cannot have finished, and every verdict after the kill must be unscorable, never 1.
     params = {"allowed_imports": [*DEFAULT_ALLOWED_IMPORTS, "time"]}
     cascade_cfg = RewardConfig(verifiers={"code": VerifierSpec(name="unit_tests", params=params)}, terms={})
-    slow_right = Candidate(["<answer>import time\n\ndef add(a, b):\n    time.sleep(0.5)\n    return a + b</answer>"], 20, ())
+    slow_right = Candidate(
+        ["<answer>import time\n\ndef add(a, b):\n    time.sleep(0.5)\n    return a + b</answer>"], 20, ()
+    )
     with Service(timeout_s=3.0) as svc, HTTPSandbox(svc.url, TOKEN, **FAST_FAILING) as client:
         cascade = Cascade(cascade_cfg, client, concurrency=2)
         assert cascade.score(slow_right, CODE_TASK).outcome == 1.0  # with the service up it passes
@@ -344,8 +394,14 @@ def test_a_restarted_service_is_retried():
 def test_the_service_refuses_to_start_without_a_token():
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     for token in (None, "short"):
-        run = subprocess.run([sys.executable, "-m", "verifiers.sandbox_service", "--port", str(free_port())], cwd=ROOT,
-                             env=env if token is None else {**env, TOKEN_ENV: token}, capture_output=True, text=True, timeout=60)
+        run = subprocess.run(
+            [sys.executable, "-m", "verifiers.sandbox_service", "--port", str(free_port())],
+            cwd=ROOT,
+            env=env if token is None else {**env, TOKEN_ENV: token},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert run.returncode == 2 and f"set {TOKEN_ENV}" in run.stderr, run.stderr
 
 
@@ -380,6 +436,7 @@ def test_code_run_through_the_service_can_neither_reach_it_nor_read_its_token(se
         "import os, socket\n"
         f"print('token' if any('{TOKEN}' in v for v in os.environ.values()) else 'no token')\n"
         f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    print('reached the service')\n"
-        "except OSError as exc:\n    print('unreachable', type(exc).__name__)\n")
+        "except OSError as exc:\n    print('unreachable', type(exc).__name__)\n"
+    )
     assert result.ok, result
     assert "no token" in result.stdout and "unreachable" in result.stdout and "reached the service" not in result.stdout

@@ -24,9 +24,19 @@ TOLERANCE = 1e-5
 
 
 def run_worker(out: Path, *args: str, nproc: int = 1, timeout: float = 420) -> dict:
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launch, str(WORKER), *args, "--out", str(out)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, "OMP_NUM_THREADS": "1"})  # not this process's world
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
+    proc = subprocess.run(
+        [*launch, str(WORKER), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, "OMP_NUM_THREADS": "1"},
+    )  # not this process's world
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
@@ -70,14 +80,30 @@ def test_two_rank_rl_round_ends_where_one_rank_does(stage, tmp_path, warm_folder
     ids and the weights match the 1-rank round."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (scripts/setup.sh installs it)")
-    args = ("--engine", "deepspeed", "--zero-stage", str(stage), "--steps", "2", "--micro-batch-size", "2", "--init", str(warm_folder))
+    args = (
+        "--engine",
+        "deepspeed",
+        "--zero-stage",
+        str(stage),
+        "--steps",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--init",
+        str(warm_folder),
+    )
     one = run_worker(tmp_path / "one.pt", *args)
     two = run_worker(tmp_path / "two.pt", *args, nproc=2)
     assert two["trajectory_ids"] == one["trajectory_ids"] and two["completion_ids"] == one["completion_ids"]
     trained = [h for h in one["history"] if h["rollout/trained_trajectories"] > 0]
     assert trained, "no step trained: nothing was compared"
     for a, b in zip(one["history"], two["history"], strict=True):
-        for key in ("reward/total/mean", "rollout/zero_variance_frac", "rollout/trained_trajectories", "rollout/repeat_rate"):
+        for key in (
+            "reward/total/mean",
+            "rollout/zero_variance_frac",
+            "rollout/trained_trajectories",
+            "rollout/repeat_rate",
+        ):
             assert a[key] == b[key], key  # global-batch metrics, not one rank's half
         for key in ("actor/grad_norm", "loss/policy", "actor/entropy"):
             if key in a:
@@ -88,7 +114,18 @@ def test_two_rank_rl_round_ends_where_one_rank_does(stage, tmp_path, warm_folder
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_rank_sft_ends_where_one_rank_does(stage, tmp_path):
-    args = ("--loop", "sft", "--engine", "deepspeed", "--zero-stage", str(stage), "--steps", "3", "--micro-batch-size", "2")
+    args = (
+        "--loop",
+        "sft",
+        "--engine",
+        "deepspeed",
+        "--zero-stage",
+        str(stage),
+        "--steps",
+        "3",
+        "--micro-batch-size",
+        "2",
+    )
     one = run_worker(tmp_path / "one.pt", *args)
     two = run_worker(tmp_path / "two.pt", *args, nproc=2)
     assert [h["loss/sft"] for h in two["history"]] == pytest.approx([h["loss/sft"] for h in one["history"]], rel=1e-5)
@@ -98,7 +135,10 @@ def test_two_rank_sft_ends_where_one_rank_does(stage, tmp_path):
 def test_a_failed_rank_is_named_with_its_last_lines(tmp_path):
     """torchrun's per-rank log folder -> the step's error: the rank that raised (its error.json),
     with the tail of what it wrote."""
-    for rank, text, error in ((0, "step 1\nstep 2\n", False), (1, "step 1\nTraceback (most recent call last):\nValueError: boom\n", True)):
+    for rank, text, error in (
+        (0, "step 1\nstep 2\n", False),
+        (1, "step 1\nTraceback (most recent call last):\nValueError: boom\n", True),
+    ):
         folder = tmp_path / "run-1" / "attempt_0" / str(rank)
         folder.mkdir(parents=True)
         (folder / "stderr.log").write_text(text)
@@ -119,10 +159,18 @@ def test_a_launched_job_whose_rank_dies_fails_naming_that_rank(tmp_path):
 
     @asset
     def launched(context) -> None:
-        JobLauncher(kind="subprocess", nproc_per_node=2).launch(context, "benchmark", {"profile": "micro", "overrides_json": "{}",
-                                                                                       "storage_root": str(tmp_path / "nowhere"),
-                                                                                       "cache_dir": str(tmp_path / "cache"),
-                                                                                       "pointer": {"uri": "x"}, "tasks_asset": "benchmark_tasks"})
+        JobLauncher(kind="subprocess", nproc_per_node=2).launch(
+            context,
+            "benchmark",
+            {
+                "profile": "micro",
+                "overrides_json": "{}",
+                "storage_root": str(tmp_path / "nowhere"),
+                "cache_dir": str(tmp_path / "cache"),
+                "pointer": {"uri": "x"},
+                "tasks_asset": "benchmark_tasks",
+            },
+        )
 
     with pytest.raises(RankFailed) as info:
         materialize([launched], raise_on_error=True)
@@ -162,9 +210,26 @@ def test_a_killed_two_rank_round_resumes_from_its_state_checkpoint(tmp_path, war
     straight = run_worker(tmp_path / "straight.pt", *args, nproc=2)
     state = tmp_path / "state"
     env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER), *args,
-                             "--state-dir", str(state), "--out", str(tmp_path / "killed.pt")], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(WORKER),
+            *args,
+            "--state-dir",
+            str(state),
+            "--out",
+            str(tmp_path / "killed.pt"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not (state / "LATEST").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "no state checkpoint"

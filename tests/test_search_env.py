@@ -7,8 +7,21 @@ import pytest
 
 from environments.base import TASK_COLUMNS
 from environments.search import (
-    LEVELS, MAX_QUERY_CHARS, NAME_POOL, QUESTIONS, SearchTool, answer_turn, demonstrate, demonstrations, generate_kb,
-    generate_tasks, kb_from_rows, kb_to_rows, search_turn, task_id_for, task_space,
+    LEVELS,
+    MAX_QUERY_CHARS,
+    NAME_POOL,
+    QUESTIONS,
+    SearchTool,
+    answer_turn,
+    demonstrate,
+    demonstrations,
+    generate_kb,
+    generate_tasks,
+    kb_from_rows,
+    kb_to_rows,
+    search_turn,
+    task_id_for,
+    task_space,
 )
 from verifiers.qa import exact_match
 

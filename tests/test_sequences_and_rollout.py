@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from configs.schema import RewardConfig
 from environments.arithmetic import answer_turn, code_turn
 from environments.tools import CodeInterpreter, toolbox
 from training.model import build_model
@@ -11,15 +12,21 @@ from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
 from training.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits, encode, encode_observation, encode_segments, policy_spans
-from configs.schema import RewardConfig
-from verifiers.protocol import OBSERVATION_TAGS
 from verifiers.cascade import Cascade
+from verifiers.protocol import OBSERVATION_TAGS
 
 
 def test_encode_segments_masks_tool_output(tokenizer_and_tasks):
     tok, _ = tokenizer_and_tasks
-    ids, mask = encode_segments(tok, [("policy", code_turn("print(2)")), ("tool", "<interpreter>2\n</interpreter>"), ("policy", answer_turn("2"))])
-    policy_a, tool, policy_b = encode(tok, code_turn("print(2)")), encode_observation(tok, "2\n"), encode(tok, answer_turn("2"))
+    ids, mask = encode_segments(
+        tok,
+        [("policy", code_turn("print(2)")), ("tool", "<interpreter>2\n</interpreter>"), ("policy", answer_turn("2"))],
+    )
+    policy_a, tool, policy_b = (
+        encode(tok, code_turn("print(2)")),
+        encode_observation(tok, "2\n"),
+        encode(tok, answer_turn("2")),
+    )
     assert ids == policy_a + tool + policy_b
     assert mask == [1] * len(policy_a) + [0] * len(tool) + [1] * len(policy_b)
     with pytest.raises(ValueError, match="role"):
@@ -46,8 +53,14 @@ def test_encode_through_the_rust_backend_gives_the_tokenizers_own_ids(tokenizer_
     """`encode` skips transformers' wrapper for speed; it must not change a single id."""
     tok, tasks = tokenizer_and_tasks
     texts = [t["prompt"] for t in tasks[:50]] + [
-        "<code>print(1+2)</code>", "<interpreter>3\n</interpreter>", "  leading and trailing  ", "tabs\tand\nnewlines\r\n",
-        "unicode: café ñ 数学 🚀", "<answer>42</answer><|endoftext|>", "", "x" * 3000,
+        "<code>print(1+2)</code>",
+        "<interpreter>3\n</interpreter>",
+        "  leading and trailing  ",
+        "tabs\tand\nnewlines\r\n",
+        "unicode: café ñ 数学 🚀",
+        "<answer>42</answer><|endoftext|>",
+        "",
+        "x" * 3000,
     ]
     for text in texts:
         assert encode(tok, text) == tok.encode(text, add_special_tokens=False), text[:80]
@@ -71,7 +84,15 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
         bias[tok.convert_tokens_to_ids(tag)] = 4.0
     random_policy.lm_head.bias = torch.nn.Parameter(bias)
     cfg = micro_cfg.rollout.model_copy(update={"max_new_tokens_per_turn": 12, "max_turns": 3})
-    episodes = run_episodes(HFEngine(random_policy), tok, tasks[:6], group_size=4, tools=toolbox(CodeInterpreter(sandbox)), cfg=cfg, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        HFEngine(random_policy),
+        tok,
+        tasks[:6],
+        group_size=4,
+        tools=toolbox(CodeInterpreter(sandbox)),
+        cfg=cfg,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert len(episodes) == 24
     assert sum(len(e.tool_calls) for e in episodes) > 0, "expected some tool calls"
     for e in episodes:
@@ -79,15 +100,25 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
         assert e.stop_reason in {"answer", "eos", "max_turns", "max_tokens"}
         observations = []
         for c in e.tool_calls:  # each observation in its tool's tags; a tool the family lacks answers "unknown tool"
-            o, close = encode_observation(tok, c["result"], c["name"]), tok.convert_tokens_to_ids(OBSERVATION_TAGS[c["name"]][1])
-            observations.append(o if len(o) <= cfg.max_observation_tokens else o[: cfg.max_observation_tokens - 1] + [close])
+            o, close = (
+                encode_observation(tok, c["result"], c["name"]),
+                tok.convert_tokens_to_ids(OBSERVATION_TAGS[c["name"]][1]),
+            )
+            observations.append(
+                o if len(o) <= cfg.max_observation_tokens else o[: cfg.max_observation_tokens - 1] + [close]
+            )
             assert (c["error"] == "unknown_tool") == (c["name"] != "code")
         tool_ids = [i for i, m in zip(e.completion_ids, e.tool_mask) if m == 0]
         assert tool_ids == [t for obs in observations for t in obs]
         assert all(lp == 0.0 for lp, m in zip(e.logprobs, e.tool_mask) if m == 0)
         assert all(lp < 0.0 for lp, m in zip(e.logprobs, e.tool_mask) if m == 1)
         assert len(e.prompt_ids) + len(e.completion_ids) <= cfg.max_total_tokens + cfg.max_observation_tokens
-    batch = collate([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes], [e.tool_mask for e in episodes], tok.eos_token_id)
+    batch = collate(
+        [e.prompt_ids for e in episodes],
+        [e.completion_ids for e in episodes],
+        [e.tool_mask for e in episodes],
+        tok.eos_token_id,
+    )
     with torch.no_grad():
         recomputed = token_logprobs(completion_logits(random_policy, batch), batch.completion_ids)
     behaviour = torch.zeros_like(recomputed)
@@ -99,7 +130,15 @@ def test_multi_turn_rollout_is_token_exact(tokenizer_and_tasks, micro_cfg, sandb
 
 def test_records_and_rewards_recompute_from_storage(random_policy, tokenizer_and_tasks, micro_cfg, sandbox):
     tok, tasks = tokenizer_and_tasks
-    episodes = run_episodes(HFEngine(random_policy), tok, tasks[:3], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(1))
+    episodes = run_episodes(
+        HFEngine(random_policy),
+        tok,
+        tasks[:3],
+        group_size=2,
+        tools=toolbox(CodeInterpreter(sandbox)),
+        cfg=micro_cfg.rollout,
+        generator=torch.Generator().manual_seed(1),
+    )
     records = [episode_record(e, round_index=1, step=1, policy_version="test", tokenizer=tok) for e in episodes]
     by_id = {t["task_id"]: t for t in tasks}
     first = score_records(records, by_id, tok, Cascade(RewardConfig()))
@@ -113,7 +152,20 @@ def test_answer_inside_observation_is_not_the_policys(tokenizer_and_tasks):
     """A tool output that contains <answer>…</answer> must not count as the policy's answer."""
     tok, tasks = tokenizer_and_tasks
     task = tasks[0]
-    ids, mask = encode_segments(tok, [("policy", code_turn("print(1)")), ("tool", f"<interpreter><answer>{task['answer']}</answer></interpreter>")])
-    record = {"trajectory_id": "t", "task_id": task["task_id"], "group_id": "g", "family": task["family"], "level": 1, "round": 1, "step": 1,
-              "completion_ids": ids, "tool_mask": mask, "num_tool_calls": 1}
+    ids, mask = encode_segments(
+        tok,
+        [("policy", code_turn("print(1)")), ("tool", f"<interpreter><answer>{task['answer']}</answer></interpreter>")],
+    )
+    record = {
+        "trajectory_id": "t",
+        "task_id": task["task_id"],
+        "group_id": "g",
+        "family": task["family"],
+        "level": 1,
+        "round": 1,
+        "step": 1,
+        "completion_ids": ids,
+        "tool_mask": mask,
+        "num_tool_calls": 1,
+    }
     assert score_records([record], {task["task_id"]: task}, tok, Cascade(RewardConfig()))[0]["outcome"] == 0.0

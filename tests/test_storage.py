@@ -27,8 +27,13 @@ def s3_bucket(monkeypatch):
     # Credentials no test would write on purpose: the micro flywheel below checks they appear
     # nowhere in what the platform stores (logs, MLflow params and artifacts, Dagster metadata).
     secret = f"s3cret-{uuid.uuid4().hex}"
-    for key, value in {"AWS_ACCESS_KEY_ID": f"AKIA{uuid.uuid4().hex[:16].upper()}", "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL_S3": endpoint, "AWS_ENDPOINT_URL": endpoint}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": f"AKIA{uuid.uuid4().hex[:16].upper()}",
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
         monkeypatch.setenv(key, value)
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="flywheel-test")
     s3fs.S3FileSystem.clear_instance_cache()
@@ -89,8 +94,17 @@ def test_task_file_from_s3(s3_bucket):
     assert load_task_file(f"{s3_bucket}/tasks.parquet")["task_id"].tolist() == ["s1"]
 
 
-UNPARTITIONED = ["knowledge_base", "search_index", "benchmark_tasks", "training_tasks", "tokenizer", "base_model", "sft_trajectories", "sft_checkpoint",
-                 "sft_benchmark_scores"]
+UNPARTITIONED = [
+    "knowledge_base",
+    "search_index",
+    "benchmark_tasks",
+    "training_tasks",
+    "tokenizer",
+    "base_model",
+    "sft_trajectories",
+    "sft_checkpoint",
+    "sft_benchmark_scores",
+]
 ROUND = ["rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "benchmark_scores"]
 
 
@@ -113,9 +127,15 @@ def test_micro_flywheel_with_every_artifact_in_s3(s3_bucket, tmp_path, monkeypat
     bucket = s3_bucket.removeprefix("s3://")
     stored = {}
     for name, partition in [(a, "all") for a in UNPARTITIONED] + [(a, "1") for a in ROUND]:
-        found = [p for p in (f"{bucket}/assets/{name}/{partition}.parquet", f"{bucket}/assets/{name}/{partition}.json") if fs.exists(p)]
+        found = [
+            p
+            for p in (f"{bucket}/assets/{name}/{partition}.parquet", f"{bucket}/assets/{name}/{partition}.json")
+            if fs.exists(p)
+        ]
         assert found, f"{name} ({partition}) is not in the bucket"
-        stored[name] = pd.read_parquet(f"s3://{found[0]}") if found[0].endswith(".parquet") else json.loads(fs.cat(found[0]))
+        stored[name] = (
+            pd.read_parquet(f"s3://{found[0]}") if found[0].endswith(".parquet") else json.loads(fs.cat(found[0]))
+        )
     assert len(stored["rollout_batches"]) > 0 and len(stored["training_tasks"]) > 0
     # checkpoints are HF folders in the bucket; the pointers the assets stored name them
     store = ArtifactStore(root=s3_bucket, cache_dir=str(tmp_path / "fresh-cache"))
@@ -131,7 +151,11 @@ def test_micro_flywheel_with_every_artifact_in_s3(s3_bucket, tmp_path, monkeypat
     secrets = [os.environ["AWS_SECRET_ACCESS_KEY"].encode(), os.environ["AWS_ACCESS_KEY_ID"].encode()]
     scanned = {p.relative_to(tmp_path / "fw").parts[0] for p in Path(tmp_path / "fw").rglob("*") if p.is_file()}
     assert {"mlflow.db", "mlartifacts", "dagster"} <= scanned, scanned  # the stores really are in the scan
-    leaks = [str(path) for path in Path(tmp_path / "fw").rglob("*") if path.is_file() and any(s in path.read_bytes() for s in secrets)]
+    leaks = [
+        str(path)
+        for path in Path(tmp_path / "fw").rglob("*")
+        if path.is_file() and any(s in path.read_bytes() for s in secrets)
+    ]
     leaks += [key for key in fs.find(bucket) if any(s in fs.cat(key) for s in secrets)]
     assert not leaks, f"credentials written to {leaks}"
 
@@ -156,7 +180,9 @@ def test_a_truncated_dataset_is_refused_naming_asset_and_partition(where, reques
     manager.handle_output(build_output_context(asset_key=AssetKey("verified_rewards"), partition_key="2"), frame)
     assert len(manager.load_input(build_input_context(asset_key=AssetKey("verified_rewards"), partition_key="2"))) == 50
     _damage(root, "verified_rewards/2.parquet", b"PAR1 cut short")
-    with pytest.raises(CorruptArtifact, match=r"artifact verified_rewards\[2\] .*bytes, the manifest says .* \(truncated\?\)"):
+    with pytest.raises(
+        CorruptArtifact, match=r"artifact verified_rewards\[2\] .*bytes, the manifest says .* \(truncated\?\)"
+    ):
         manager.load_input(build_input_context(asset_key=AssetKey("verified_rewards"), partition_key="2"))
 
 
@@ -203,8 +229,14 @@ def test_a_corpus_an_sft_file_and_a_problem_file_from_s3(s3_bucket):
         f.write(gzip.compress((repo / "problems" / "humaneval_format.jsonl").read_bytes()))
     assert len(load_corpus(f"{s3_bucket}/search/corpus.jsonl")) == 24
     assert len(load_sft_file(f"{s3_bucket}/sft/trajectories.jsonl")) == 4
-    assert [t["task_id"] for t in load_problems(f"{s3_bucket}/problems.jsonl.gz", suite="mini")] == ["mini/0", "mini/1", "mini/2"]
+    assert [t["task_id"] for t in load_problems(f"{s3_bucket}/problems.jsonl.gz", suite="mini")] == [
+        "mini/0",
+        "mini/1",
+        "mini/2",
+    ]
     with fsspec.open(f"{s3_bucket}/bad.jsonl", "w") as f:
         f.write(json.dumps({"id": "x", "text": ""}) + "\n")
-    with pytest.raises(TaskFileError, match=r"corpus file s3://flywheel-test/run/bad.jsonl has 1 problem\(s\):\n  row 1: field 'text'"):
+    with pytest.raises(
+        TaskFileError, match=r"corpus file s3://flywheel-test/run/bad.jsonl has 1 problem\(s\):\n  row 1: field 'text'"
+    ):
         load_corpus(f"{s3_bucket}/bad.jsonl")

@@ -18,33 +18,45 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-@pytest.mark.parametrize("row, expected", [
-    ({k: v for k, v in GOOD.items() if k != "answer"}, "row 1: missing field 'answer'"),
-    ({**GOOD, "level": "1"}, "row 1: field 'level': expected an integer, got '1'"),
-    ({**GOOD, "level": 9}, "row 1: field 'level': 9 is not a level of arithmetic (1, 2, 3, 4, 5)"),
-    ({**GOOD, "level": 1.5}, "row 1: field 'level': expected an integer, got 1.5"),
-    ({**GOOD, "family": "chess"}, "row 1: field 'family': 'chess' is not one of"),
-    ({**GOOD, "task_id": ""}, "row 1: field 'task_id': expected a non-empty string"),
-    ({**GOOD, "prompt": "   "}, "row 1: field 'prompt': expected non-empty text"),
-    ({**GOOD, "prompt": "x" * 5000}, "row 1: field 'prompt': 5000 characters > 4000"),
-    ({**GOOD, "prompt": "compute 1+2 <answer>3</answer>"}, "row 1: field 'prompt': contains a protocol tag (<answer>)"),
-    ({**GOOD, "answer": [3]}, "row 1: field 'answer': expected text or an integer"),
-    ({**GOOD, "metadata": "{not json"}, "row 1: field 'metadata': not valid JSON"),
-    ({**GOOD, "family": "code", "level": 1}, "row 1: field 'metadata': needs metadata entry_point and tests"),
-    ({**GOOD, "family": "code", "level": 1, "metadata": {"entry_point": "f", "tests": "[]"}}, "row 1: field 'metadata': tests must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        ({k: v for k, v in GOOD.items() if k != "answer"}, "row 1: missing field 'answer'"),
+        ({**GOOD, "level": "1"}, "row 1: field 'level': expected an integer, got '1'"),
+        ({**GOOD, "level": 9}, "row 1: field 'level': 9 is not a level of arithmetic (1, 2, 3, 4, 5)"),
+        ({**GOOD, "level": 1.5}, "row 1: field 'level': expected an integer, got 1.5"),
+        ({**GOOD, "family": "chess"}, "row 1: field 'family': 'chess' is not one of"),
+        ({**GOOD, "task_id": ""}, "row 1: field 'task_id': expected a non-empty string"),
+        ({**GOOD, "prompt": "   "}, "row 1: field 'prompt': expected non-empty text"),
+        ({**GOOD, "prompt": "x" * 5000}, "row 1: field 'prompt': 5000 characters > 4000"),
+        (
+            {**GOOD, "prompt": "compute 1+2 <answer>3</answer>"},
+            "row 1: field 'prompt': contains a protocol tag (<answer>)",
+        ),
+        ({**GOOD, "answer": [3]}, "row 1: field 'answer': expected text or an integer"),
+        ({**GOOD, "metadata": "{not json"}, "row 1: field 'metadata': not valid JSON"),
+        ({**GOOD, "family": "code", "level": 1}, "row 1: field 'metadata': needs metadata entry_point and tests"),
+        (
+            {**GOOD, "family": "code", "level": 1, "metadata": {"entry_point": "f", "tests": "[]"}},
+            "row 1: field 'metadata': tests must be a non-empty list",
+        ),
+    ],
+)
 def test_bad_rows_are_named(tmp_path, row, expected):
     with pytest.raises(TaskFileError) as err:
         load_task_file(write_jsonl(tmp_path / "tasks.jsonl", [row]))
     assert expected in str(err.value) and "tasks.jsonl" in str(err.value)
 
 
-@pytest.mark.parametrize("line, expected", [
-    (json.dumps({**GOOD, "level": float("nan")}), "row 1: field 'level': expected an integer, got nan"),
-    (json.dumps({**GOOD, "level": float("inf")}), "row 1: field 'level': expected an integer, got inf"),
-    ("[1, 2]", "row 1: expected a JSON object, got list"),
-    ("{oops", "row 1: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        (json.dumps({**GOOD, "level": float("nan")}), "row 1: field 'level': expected an integer, got nan"),
+        (json.dumps({**GOOD, "level": float("inf")}), "row 1: field 'level': expected an integer, got inf"),
+        ("[1, 2]", "row 1: expected a JSON object, got list"),
+        ("{oops", "row 1: not valid JSON"),
+    ],
+)
 def test_non_numbers_and_non_objects(tmp_path, line, expected):
     with pytest.raises(TaskFileError) as err:
         load_task_file(write_jsonl(tmp_path / "t.jsonl", [line]))
@@ -64,11 +76,26 @@ def test_every_problem_is_listed_with_its_row(tmp_path):
         load_task_file(write_jsonl(tmp_path / "t.jsonl", rows))
     message = str(err.value)
     assert "has 3 problem(s)" in message
-    assert "row 2: field 'task_id': 'a1' repeats row 1" in message and "row 3: field 'level'" in message and "row 4: field 'family'" in message
+    assert (
+        "row 2: field 'task_id': 'a1' repeats row 1" in message
+        and "row 3: field 'level'" in message
+        and "row 4: field 'family'" in message
+    )
 
 
 def test_good_jsonl_and_parquet_load_with_defaults(tmp_path):
-    rows = [GOOD, {**GOOD, "task_id": "c1", "family": "code", "level": 2, "prompt": "write f(x)\n", "answer": "def f(x):\n    return x+1", "metadata": CODE_META}]
+    rows = [
+        GOOD,
+        {
+            **GOOD,
+            "task_id": "c1",
+            "family": "code",
+            "level": 2,
+            "prompt": "write f(x)\n",
+            "answer": "def f(x):\n    return x+1",
+            "metadata": CODE_META,
+        },
+    ]
     df = load_task_file(write_jsonl(tmp_path / "t.jsonl", rows))
     assert list(df.columns) == ["task_id", "family", "level", "prompt", "answer", "split", "metadata"]
     assert df["split"].tolist() == ["train", "train"] and json.loads(df["metadata"][1])["entry_point"] == "f"
@@ -87,16 +114,29 @@ def test_urls_go_through_fsspec():
 
 
 def test_overlaps_by_id_normalized_prompt_and_long_ngram():
-    training = [{"task_id": "t1", "prompt": "compute 47+8\n"}, {"task_id": "t2", "prompt": "write f(x) that returns x plus 7\n"},
-                {"task_id": "t3", "prompt": "Background. " + " ".join(f"w{i}" for i in range(30)) + " so what is it?"},
-                {"task_id": "t4", "prompt": "write f(x) that returns x plus 4 if x is even else x minus 1 and then add 2 more"}]
-    benchmark = [{"task_id": "t1", "prompt": "anything"}, {"task_id": "b2", "prompt": "Compute 47 + 8?"},
-                 {"task_id": "b3", "prompt": "Q: " + " ".join(f"w{i}" for i in range(3, 17)) + " and more " * 8},
-                 {"task_id": "b6", "prompt": " ".join(f"w{i}" for i in range(3, 17))},  # short: compared whole only
-                 {"task_id": "b4", "prompt": "compute 47+9\n"}, {"task_id": "b5", "prompt": "write f(x) that returns x plus 8\n"}]
-    benchmark.append({"task_id": "b7", "prompt": "write f(x) that returns x plus 4 if x is even else x minus 1 and then add 3 more"})
+    training = [
+        {"task_id": "t1", "prompt": "compute 47+8\n"},
+        {"task_id": "t2", "prompt": "write f(x) that returns x plus 7\n"},
+        {"task_id": "t3", "prompt": "Background. " + " ".join(f"w{i}" for i in range(30)) + " so what is it?"},
+        {"task_id": "t4", "prompt": "write f(x) that returns x plus 4 if x is even else x minus 1 and then add 2 more"},
+    ]
+    benchmark = [
+        {"task_id": "t1", "prompt": "anything"},
+        {"task_id": "b2", "prompt": "Compute 47 + 8?"},
+        {"task_id": "b3", "prompt": "Q: " + " ".join(f"w{i}" for i in range(3, 17)) + " and more " * 8},
+        {"task_id": "b6", "prompt": " ".join(f"w{i}" for i in range(3, 17))},  # short: compared whole only
+        {"task_id": "b4", "prompt": "compute 47+9\n"},
+        {"task_id": "b5", "prompt": "write f(x) that returns x plus 8\n"},
+    ]
+    benchmark.append(
+        {"task_id": "b7", "prompt": "write f(x) that returns x plus 4 if x is even else x minus 1 and then add 3 more"}
+    )
     found = {f["benchmark_id"]: (f["training_id"], f["how"]) for f in overlaps(benchmark, training, ngram=13)}
-    assert found == {"t1": ("t1", "same id"), "b2": ("t1", "same normalized prompt"), "b3": ("t3", "shared 13-word run")}
+    assert found == {
+        "t1": ("t1", "same id"),
+        "b2": ("t1", "same normalized prompt"),
+        "b3": ("t3", "shared 13-word run"),
+    }
 
 
 def test_normalization_keeps_what_changes_the_question():
@@ -105,5 +145,9 @@ def test_normalization_keeps_what_changes_the_question():
 
 
 def test_duplicates_inside_a_dataset():
-    rows = [{"task_id": "a", "prompt": "compute 1+2"}, {"task_id": "b", "prompt": "Compute 1 + 2"}, {"task_id": "c", "prompt": "compute 1+3"}]
+    rows = [
+        {"task_id": "a", "prompt": "compute 1+2"},
+        {"task_id": "b", "prompt": "Compute 1 + 2"},
+        {"task_id": "c", "prompt": "compute 1+3"},
+    ]
     assert duplicates(rows) == [{"task_id": "b", "duplicate_of": "a"}]

@@ -17,7 +17,17 @@ import pytest
 from configs import load_profile
 from configs.schema import K8sConfig
 from tests.conftest import CLUSTER_ENV
-from tests.terraform_support import TERRAFORM_DIR, Module, Validations, module, needs_terraform, one, ref, references, terraform_env
+from tests.terraform_support import (
+    TERRAFORM_DIR,
+    Module,
+    Validations,
+    module,
+    needs_terraform,
+    one,
+    ref,
+    references,
+    terraform_env,
+)
 
 MODULES = ("network", "eks")
 
@@ -118,7 +128,10 @@ def test_a_gpu_step_fits_on_the_default_gpu_instance(eks):
 
 def test_autoscaler_can_discover_both_groups_and_scale_gpu_from_zero(eks):
     discovery = eks.locals["autoscaler_discovery_tags"]
-    assert discovery == {"k8s.io/cluster-autoscaler/enabled": "true", "k8s.io/cluster-autoscaler/${var.cluster_name}": "owned"}
+    assert discovery == {
+        "k8s.io/cluster-autoscaler/enabled": "true",
+        "k8s.io/cluster-autoscaler/${var.cluster_name}": "owned",
+    }
 
     # The scale-from-zero template must describe the node the gpu group would really add: its
     # labels, its taint and its GPUs, or the autoscaler never picks the group for a GPU pod.
@@ -142,8 +155,10 @@ def test_autoscaler_can_discover_both_groups_and_scale_gpu_from_zero(eks):
     # module copies them there, the template tags to the gpu group's ASG only.
     asg_tag = eks.resource("aws_autoscaling_group_tag", "node_groups")
     assert asg_tag["for_each"] == ref("local.asg_tags")
-    sources = dict((group, source) for source, group in
-                   re.findall(r'\{for \w+, \w+ in (.*?) : "(cpu|gpu)\|\$\{\w+\}"', eks.locals["asg_tags"]))
+    sources = dict(
+        (group, source)
+        for source, group in re.findall(r'\{for \w+, \w+ in (.*?) : "(cpu|gpu)\|\$\{\w+\}"', eks.locals["asg_tags"])
+    )
     assert sources.keys() == {"cpu", "gpu"}, eks.locals["asg_tags"]
     assert references(sources["cpu"], "local.autoscaler_discovery_tags")
     assert not references(sources["cpu"], "local.gpu_node_template_tags")
@@ -163,7 +178,9 @@ def test_sandbox_node_group_is_what_the_sandbox_service_schedules_on(eks):
     assert sandbox["taint"] == [{"key": "flywheel/sandbox", "value": "present", "effect": "NO_SCHEDULE"}]
     for taint in sandbox["taint"]:
         assert any(tolerates(t, taint) for t in SANDBOX_TOLERATIONS), (taint, SANDBOX_TOLERATIONS)
-        assert not any(tolerates(t, taint) for t in K8sConfig().gpu_tolerations), "GPU steps must not land on sandbox nodes"
+        assert not any(tolerates(t, taint) for t in K8sConfig().gpu_tolerations), (
+            "GPU steps must not land on sandbox nodes"
+        )
     scaling = one(sandbox, "scaling_config")
     assert (scaling["min_size"], scaling["desired_size"], scaling["max_size"]) == (1, 1, ref("var.sandbox_max_nodes"))
     assert sandbox["capacity_type"] == "ON_DEMAND" and sandbox["instance_types"] == ref("var.sandbox_instance_types")
@@ -173,12 +190,21 @@ def test_sandbox_node_group_is_what_the_sandbox_service_schedules_on(eks):
     # The autoscaler discovers the group and, at any size, knows its label and taint.
     prefix = "k8s.io/cluster-autoscaler/node-template/"
     (taint,) = sandbox["taint"]
-    assert eks.locals["sandbox_node_template_tags"] == {f"{prefix}label/flywheel/node-pool": "sandbox",
-                                                        f"{prefix}taint/{taint['key']}": f"{taint['value']}:{K8S_EFFECT[taint['effect']]}"}
-    assert references(sandbox["tags"], "local.autoscaler_discovery_tags") and references(sandbox["tags"], "local.sandbox_node_template_tags")
+    assert eks.locals["sandbox_node_template_tags"] == {
+        f"{prefix}label/flywheel/node-pool": "sandbox",
+        f"{prefix}taint/{taint['key']}": f"{taint['value']}:{K8S_EFFECT[taint['effect']]}",
+    }
+    assert references(sandbox["tags"], "local.autoscaler_discovery_tags") and references(
+        sandbox["tags"], "local.sandbox_node_template_tags"
+    )
     assert not references(sandbox["tags"], "local.gpu_node_template_tags")
-    assert re.search(r'local\.sandbox_node_template_tags\) : "sandbox\|', eks.locals["asg_tags"]), eks.locals["asg_tags"]
-    assert references(eks.resource("aws_autoscaling_group_tag", "node_groups")["autoscaling_group_name"], "aws_eks_node_group.sandbox.resources")
+    assert re.search(r'local\.sandbox_node_template_tags\) : "sandbox\|', eks.locals["asg_tags"]), eks.locals[
+        "asg_tags"
+    ]
+    assert references(
+        eks.resource("aws_autoscaling_group_tag", "node_groups")["autoscaling_group_name"],
+        "aws_eks_node_group.sandbox.resources",
+    )
     assert eks.outputs["sandbox_node_group_name"]["value"] == ref("aws_eks_node_group.sandbox.node_group_name")
 
 
@@ -339,7 +365,13 @@ def test_cluster_is_private_encrypts_secrets_and_logs_everything(eks):
     assert cluster["version"] == ref("var.kubernetes_version")
     assert eks.default("kubernetes_version") == "1.35"
     assert cluster["enabled_cluster_log_types"] == ref("local.control_plane_log_types")
-    assert set(eks.locals["control_plane_log_types"]) == {"api", "audit", "authenticator", "controllerManager", "scheduler"}
+    assert set(eks.locals["control_plane_log_types"]) == {
+        "api",
+        "audit",
+        "authenticator",
+        "controllerManager",
+        "scheduler",
+    }
     log_group = eks.resource("aws_cloudwatch_log_group", "cluster")
     assert log_group["kms_key_id"] == ref("aws_kms_key.logs.arn")
     assert eks.resource("aws_kms_key", "logs")["enable_key_rotation"] is True
@@ -353,7 +385,9 @@ def test_irsa_oidc_provider_uses_the_clusters_issuer(eks):
     # need the tls provider and the network at plan time.
     assert "thumbprint_list" not in oidc
     assert not eks.data("tls_certificate")
-    assert eks.outputs["oidc_provider_url"]["value"] == ref('replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")')
+    assert eks.outputs["oidc_provider_url"]["value"] == ref(
+        'replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")'
+    )
 
 
 def test_api_access_is_through_access_entries_for_the_listed_admins_only(eks):
@@ -376,8 +410,17 @@ def test_api_access_is_through_access_entries_for_the_listed_admins_only(eks):
 
 
 def test_eks_outputs(eks):
-    required = {"cluster_name", "cluster_endpoint", "cluster_certificate_authority_data", "oidc_provider_arn", "oidc_provider_url",
-                "node_security_group_id", "cluster_security_group_id", "gpu_node_group_name", "sandbox_node_group_name"}
+    required = {
+        "cluster_name",
+        "cluster_endpoint",
+        "cluster_certificate_authority_data",
+        "oidc_provider_arn",
+        "oidc_provider_url",
+        "node_security_group_id",
+        "cluster_security_group_id",
+        "gpu_node_group_name",
+        "sandbox_node_group_name",
+    }
     assert required <= eks.outputs.keys(), required - eks.outputs.keys()
     assert eks.outputs["gpu_node_group_name"]["value"] == ref("aws_eks_node_group.gpu.node_group_name")
 
@@ -441,7 +484,9 @@ def test_every_variable_has_a_description_and_a_type(name):
     parsed = module(name)
     assert parsed.variables
     for variable, body in parsed.variables.items():
-        assert isinstance(body.get("description"), str) and body["description"].strip(), f"{name}: variable {variable} has no description"
+        assert isinstance(body.get("description"), str) and body["description"].strip(), (
+            f"{name}: variable {variable} has no description"
+        )
         assert body.get("type"), f"{name}: variable {variable} has no type"
     for output, body in parsed.outputs.items():
         assert body.get("description"), f"{name}: output {output} has no description"
@@ -495,7 +540,12 @@ VALIDATION_CASES = [
     ("eks", "kubernetes_version", "v1.35", False),
     ("eks", "kubernetes_version", "2.0", False),
     ("eks", "admin_principal_arns", ["arn:aws:iam::123456789012:role/platform-admin"], True),
-    ("eks", "admin_principal_arns", ["arn:aws:iam::123456789012:role/team/platform-admin", "arn:aws:iam::123456789012:user/alice"], True),
+    (
+        "eks",
+        "admin_principal_arns",
+        ["arn:aws:iam::123456789012:role/team/platform-admin", "arn:aws:iam::123456789012:user/alice"],
+        True,
+    ),
     ("eks", "admin_principal_arns", ["arn:aws-us-gov:iam::123456789012:role/admin"], True),
     ("eks", "admin_principal_arns", [], False),
     ("eks", "admin_principal_arns", ["arn:aws:sts::123456789012:assumed-role/platform-admin/alice"], False),
@@ -541,12 +591,19 @@ def test_validations_accept_the_defaults_and_reject_bad_values(network, eks, tmp
     checks.defaults()
     (precondition,) = one(eks.resource("aws_eks_cluster", "this"), "lifecycle")["precondition"]
     for values, accepted in PUBLIC_ENDPOINT_CASES:
-        checks.expect_conditions(f"aws_eks_cluster precondition {values}", [(precondition["condition"], values)], accepted)
+        checks.expect_conditions(
+            f"aws_eks_cluster precondition {values}", [(precondition["condition"], values)], accepted
+        )
     checks.check(tmp_path)
 
 
 @needs_terraform
 def test_terraform_files_are_formatted():
-    done = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(TERRAFORM_DIR)], env=terraform_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["terraform", "fmt", "-check", "-recursive", "-diff", str(TERRAFORM_DIR)],
+        env=terraform_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, f"run `terraform fmt -recursive infra/terraform`:\n{done.stdout}{done.stderr}"

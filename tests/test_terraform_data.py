@@ -34,6 +34,7 @@ def modules() -> Modules:
 
 # -- access helpers ------------------------------------------------------------------------------
 
+
 def labelled(mod: dict, kind: str, type_: str) -> dict[str, dict]:
     """Bodies of `resource`/`data` blocks of one type, by name."""
     found: dict[str, dict] = {}
@@ -94,8 +95,11 @@ def block(body: dict, key: str) -> dict:
 
 def module_key_refs(mod: dict, attribute: str = "arn") -> set[str]:
     """References to the module's own KMS keys, e.g. {'aws_kms_key.this.arn'}."""
-    return {f"aws_kms_key.{name}.{attribute}" for name, body in resources(mod, "aws_kms_key").items()
-            if body.get("enable_key_rotation") is True}
+    return {
+        f"aws_kms_key.{name}.{attribute}"
+        for name, body in resources(mod, "aws_kms_key").items()
+        if body.get("enable_key_rotation") is True
+    }
 
 
 def policy_documents(mod: dict) -> dict[str, dict]:
@@ -128,12 +132,15 @@ def literal_list(mod: dict, value: Any) -> list:
 
 # -- checks --------------------------------------------------------------------------------------
 
+
 def check_variables_documented(modules: Modules) -> None:
     for name, mod in modules.items():
         found = variables(mod)
         assert found, f"{name}: no variables parsed"
         for var_name, body in found.items():
-            assert isinstance(body.get("description"), str) and body["description"].strip(), f"{name}.{var_name}: no description"
+            assert isinstance(body.get("description"), str) and body["description"].strip(), (
+                f"{name}.{var_name}: no description"
+            )
             assert body.get("type"), f"{name}.{var_name}: no type"
 
 
@@ -182,8 +189,10 @@ def check_tls_only_policy(modules: Modules) -> None:
     guards = []
     for statement in statements(document_of(storage, policy["policy"])):
         conditions = statement.get("condition", [])
-        insecure = any(c.get("test") == "Bool" and c.get("variable") == "aws:SecureTransport" and c.get("values") == ["false"]
-                       for c in conditions)
+        insecure = any(
+            c.get("test") == "Bool" and c.get("variable") == "aws:SecureTransport" and c.get("values") == ["false"]
+            for c in conditions
+        )
         if statement.get("effect") == "Deny" and insecure:
             guards.append(statement)
     assert len(guards) == 1, f"expected one Deny on aws:SecureTransport=false, found {len(guards)}"
@@ -233,8 +242,12 @@ def check_db_backups(modules: Modules) -> None:
     attribute = db.get("backup_retention_period")
     assert default_of(database, attribute) >= 7
     variable = variables(database)[ref(attribute).removeprefix("var.")]
-    floors = [int(m.group(1)) for v in variable.get("validation", [])
-              for m in [re.search(r"var\.backup_retention_period\s*>=\s*(\d+)", v["condition"])] if m]
+    floors = [
+        int(m.group(1))
+        for v in variable.get("validation", [])
+        for m in [re.search(r"var\.backup_retention_period\s*>=\s*(\d+)", v["condition"])]
+        if m
+    ]
     assert floors and min(floors) >= 7, "backup_retention_period must be validated >= 7"
 
 
@@ -268,7 +281,9 @@ def check_db_ingress_only_from_security_groups(modules: Modules) -> None:
         assert resolve(database, rule["from_port"]) == 5432 and resolve(database, rule["to_port"]) == 5432, name
         assert rule.get("ip_protocol") == "tcp", name
         assert rule.get("referenced_security_group_id"), f"{name}: no source security group"
-        assert not {"cidr_ipv4", "cidr_ipv6", "prefix_list_id", "cidr_blocks"} & set(rule), f"{name}: address-range ingress"
+        assert not {"cidr_ipv4", "cidr_ipv6", "prefix_list_id", "cidr_blocks"} & set(rule), (
+            f"{name}: address-range ingress"
+        )
         # keys known at plan time (positions), values the security groups, which may be unknown until apply
         assert rule.get("for_each") == '${{for i, id in var.allowed_security_group_ids : "source-${i}" => id}}', name
     db = one_resource(database, "aws_db_instance")
@@ -289,7 +304,9 @@ def check_irsa_trust(modules: Modules) -> None:
     sub, aud = conditions.get("${var.oidc_provider_url}:sub"), conditions.get("${var.oidc_provider_url}:aud")
     assert sub and aud, f"trust conditions: {sorted(conditions)}"
     assert sub["test"] == "StringEquals" and aud["test"] == "StringEquals", "sub/aud must match exactly (no StringLike)"
-    assert [resolve(irsa, v) for v in sub["values"]] == ["system:serviceaccount:${var.namespace}:${var.service_account}"]
+    assert [resolve(irsa, v) for v in sub["values"]] == [
+        "system:serviceaccount:${var.namespace}:${var.service_account}"
+    ]
     assert aud["values"] == ["sts.amazonaws.com"]
 
 
@@ -301,16 +318,22 @@ def check_irsa_least_privilege(modules: Modules) -> None:
     listing = by_sid["ListArtifactPrefixes"]
     assert listing["actions"] == ["s3:ListBucket"] and listing["resources"] == ["${var.bucket_arn}"]
     prefix = [c for c in listing.get("condition", []) if c["variable"] == "s3:prefix"]
-    assert prefix and "var.bucket_prefixes" in resolve(irsa, prefix[0]["values"]), "ListBucket must be limited by s3:prefix"
+    assert prefix and "var.bucket_prefixes" in resolve(irsa, prefix[0]["values"]), (
+        "ListBucket must be limited by s3:prefix"
+    )
     objects = by_sid["ReadWriteArtifacts"]
     assert set(objects["actions"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
     object_arns = resolve(irsa, objects["resources"])  # a for expression over var.bucket_prefixes
-    assert isinstance(object_arns, str) and re.search(r'"\$\{var\.bucket_arn\}/\$\{p\}/\*"', object_arns), "objects only under the prefixes"
+    assert isinstance(object_arns, str) and re.search(r'"\$\{var\.bucket_arn\}/\$\{p\}/\*"', object_arns), (
+        "objects only under the prefixes"
+    )
     kms = by_sid["UseArtifactKeyThroughS3"]
     assert set(kms["actions"]) == {"kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"}
     assert kms["resources"] == ["${var.kms_key_arn}"]
     secret = by_sid["ReadDatabaseSecret"]
-    assert secret["resources"] == ["${statement.value}"] and all(a.startswith("secretsmanager:") for a in secret["actions"])
+    assert secret["resources"] == ["${statement.value}"] and all(
+        a.startswith("secretsmanager:") for a in secret["actions"]
+    )
 
 
 def _wildcard_action(action: Any) -> bool:
@@ -333,17 +356,21 @@ def check_no_wildcard_iam(modules: Modules) -> None:
     seen = 0
     for name, mod in modules.items():
         for item in mod.get("resource", []):
-            for type_, named in item.items():
-                for res_name, body in named.items():
+            for _type, named in item.items():
+                for _name, body in named.items():
                     for attribute in ("policy", "assume_role_policy", "inline_policy"):
                         if attribute in body:
                             document_of(mod, body[attribute])  # raw JSON policies would escape this check
         for doc_name, document in policy_documents(mod).items():
-            assert not {"source_policy_documents", "override_policy_documents"} & set(document), f"{name}.{doc_name}: merged JSON"
+            assert not {"source_policy_documents", "override_policy_documents"} & set(document), (
+                f"{name}.{doc_name}: merged JSON"
+            )
             for statement in statements(document):
                 seen += 1
                 where = f"{name}.{doc_name}.{statement.get('sid', '?')}"
-                assert "not_actions" not in statement and "not_resources" not in statement, f"{where}: NotAction/NotResource"
+                assert "not_actions" not in statement and "not_resources" not in statement, (
+                    f"{where}: NotAction/NotResource"
+                )
                 actions = literal_list(mod, statement.get("actions"))
                 assert actions, f"{where}: no actions"
                 if statement.get("effect", "Allow") == "Deny":
@@ -359,7 +386,9 @@ def check_no_wildcard_iam(modules: Modules) -> None:
                     bad = [r for r in items if _wildcard_resource(mod, r)]
                     assert not bad, f"{where}: wildcard or unanchored resources {bad}"
                 else:  # only a role's trust policy names no resources: it must be an sts: grant to a principal
-                    assert statement.get("principals") and all(a.startswith("sts:") for a in actions), f"{where}: no resources"
+                    assert statement.get("principals") and all(a.startswith("sts:") for a in actions), (
+                        f"{where}: no resources"
+                    )
     assert seen >= 8, f"only {seen} IAM statements found"
     # The IRSA role's own statements: no Deny carve-outs there, so no wildcard of any kind.
     for document in policy_documents(modules["irsa"]).values():
@@ -394,6 +423,7 @@ def test_properties(modules: Modules, check: str) -> None:
 
 # -- each check must be able to fail -------------------------------------------------------------
 
+
 def _res(m: Modules, module: str, type_: str, name: str = "this") -> dict:
     return resources(m[module], type_)[name]
 
@@ -421,78 +451,293 @@ def _ingress(m: Modules) -> dict:
 MUTATIONS: list[tuple[str, str, Callable[[Modules], Any]]] = [
     ("variables_documented", "description dropped", lambda m: _var(m, "database", "multi_az").pop("description")),
     ("variables_documented", "type dropped", lambda m: _var(m, "irsa", "bucket_prefixes").pop("type")),
-    ("versions_and_no_providers", "provider configured", lambda m: m["storage"].setdefault("provider", [{"aws": {"region": "x"}}])),
-    ("versions_and_no_providers", "provider unpinned", lambda m: block(m["irsa"]["terraform"][0], "required_providers")["aws"].update(version=">= 4")),
-    ("public_access_block", "ignore_public_acls false", lambda m: _res(m, "storage", "aws_s3_bucket_public_access_block").update(ignore_public_acls=False)),
-    ("public_access_block", "restrict_public_buckets missing",
-     lambda m: _res(m, "storage", "aws_s3_bucket_public_access_block").pop("restrict_public_buckets")),
-    ("bucket_encryption", "SSE-S3", lambda m: block(block(_res(m, "storage", "aws_s3_bucket_server_side_encryption_configuration"), "rule"),
-                                                    "apply_server_side_encryption_by_default").update(sse_algorithm="AES256")),
-    ("bucket_encryption", "aws-managed key", lambda m: block(block(_res(m, "storage", "aws_s3_bucket_server_side_encryption_configuration"), "rule"),
-                                                             "apply_server_side_encryption_by_default").update(kms_master_key_id="alias/aws/s3")),
-    ("bucket_encryption", "key rotation off", lambda m: _res(m, "storage", "aws_kms_key").update(enable_key_rotation=False)),
-    ("bucket_encryption", "no bucket key", lambda m: block(_res(m, "storage", "aws_s3_bucket_server_side_encryption_configuration"), "rule")
-     .update(bucket_key_enabled=False)),
-    ("bucket_versioning", "suspended", lambda m: block(_res(m, "storage", "aws_s3_bucket_versioning"), "versioning_configuration").update(status="Suspended")),
-    ("tls_only_policy", "guard allows", lambda m: _sid(m, "storage", "bucket", "DenyInsecureTransport").update(effect="Allow")),
-    ("tls_only_policy", "guard condition inverted",
-     lambda m: _sid(m, "storage", "bucket", "DenyInsecureTransport")["condition"][0].update(values=["true"])),
-    ("tls_only_policy", "guard on objects only",
-     lambda m: _sid(m, "storage", "bucket", "DenyInsecureTransport").update(resources=["${aws_s3_bucket.this.arn}/*"])),
-    ("lifecycle", "abort rule removed", lambda m: _lifecycle_rule(m, "abort-incomplete-multipart-uploads").pop("abort_incomplete_multipart_upload")),
-    ("lifecycle", "abort rule disabled", lambda m: _lifecycle_rule(m, "abort-incomplete-multipart-uploads").update(status="Disabled")),
-    ("lifecycle", "abort after 30 days", lambda m: _var(m, "storage", "abort_incomplete_multipart_upload_days").update(default=30)),
-    ("lifecycle", "transition to glacier", lambda m:
-     block(block(next(d["rule"] for d in _res(m, "storage", "aws_s3_bucket_lifecycle_configuration")["dynamic"] if "rule" in d), "content"),
-           "transition").update(storage_class="GLACIER")),
-    ("db_private_and_encrypted", "public", lambda m: _res(m, "database", "aws_db_instance").update(publicly_accessible=True)),
-    ("db_private_and_encrypted", "unencrypted", lambda m: _res(m, "database", "aws_db_instance").update(storage_encrypted=False)),
+    (
+        "versions_and_no_providers",
+        "provider configured",
+        lambda m: m["storage"].setdefault("provider", [{"aws": {"region": "x"}}]),
+    ),
+    (
+        "versions_and_no_providers",
+        "provider unpinned",
+        lambda m: block(m["irsa"]["terraform"][0], "required_providers")["aws"].update(version=">= 4"),
+    ),
+    (
+        "public_access_block",
+        "ignore_public_acls false",
+        lambda m: _res(m, "storage", "aws_s3_bucket_public_access_block").update(ignore_public_acls=False),
+    ),
+    (
+        "public_access_block",
+        "restrict_public_buckets missing",
+        lambda m: _res(m, "storage", "aws_s3_bucket_public_access_block").pop("restrict_public_buckets"),
+    ),
+    (
+        "bucket_encryption",
+        "SSE-S3",
+        lambda m: block(
+            block(_res(m, "storage", "aws_s3_bucket_server_side_encryption_configuration"), "rule"),
+            "apply_server_side_encryption_by_default",
+        ).update(sse_algorithm="AES256"),
+    ),
+    (
+        "bucket_encryption",
+        "aws-managed key",
+        lambda m: block(
+            block(_res(m, "storage", "aws_s3_bucket_server_side_encryption_configuration"), "rule"),
+            "apply_server_side_encryption_by_default",
+        ).update(kms_master_key_id="alias/aws/s3"),
+    ),
+    (
+        "bucket_encryption",
+        "key rotation off",
+        lambda m: _res(m, "storage", "aws_kms_key").update(enable_key_rotation=False),
+    ),
+    (
+        "bucket_encryption",
+        "no bucket key",
+        lambda m: block(_res(m, "storage", "aws_s3_bucket_server_side_encryption_configuration"), "rule").update(
+            bucket_key_enabled=False
+        ),
+    ),
+    (
+        "bucket_versioning",
+        "suspended",
+        lambda m: block(_res(m, "storage", "aws_s3_bucket_versioning"), "versioning_configuration").update(
+            status="Suspended"
+        ),
+    ),
+    (
+        "tls_only_policy",
+        "guard allows",
+        lambda m: _sid(m, "storage", "bucket", "DenyInsecureTransport").update(effect="Allow"),
+    ),
+    (
+        "tls_only_policy",
+        "guard condition inverted",
+        lambda m: _sid(m, "storage", "bucket", "DenyInsecureTransport")["condition"][0].update(values=["true"]),
+    ),
+    (
+        "tls_only_policy",
+        "guard on objects only",
+        lambda m: _sid(m, "storage", "bucket", "DenyInsecureTransport").update(
+            resources=["${aws_s3_bucket.this.arn}/*"]
+        ),
+    ),
+    (
+        "lifecycle",
+        "abort rule removed",
+        lambda m: _lifecycle_rule(m, "abort-incomplete-multipart-uploads").pop("abort_incomplete_multipart_upload"),
+    ),
+    (
+        "lifecycle",
+        "abort rule disabled",
+        lambda m: _lifecycle_rule(m, "abort-incomplete-multipart-uploads").update(status="Disabled"),
+    ),
+    (
+        "lifecycle",
+        "abort after 30 days",
+        lambda m: _var(m, "storage", "abort_incomplete_multipart_upload_days").update(default=30),
+    ),
+    (
+        "lifecycle",
+        "transition to glacier",
+        lambda m: block(
+            block(
+                next(
+                    d["rule"]
+                    for d in _res(m, "storage", "aws_s3_bucket_lifecycle_configuration")["dynamic"]
+                    if "rule" in d
+                ),
+                "content",
+            ),
+            "transition",
+        ).update(storage_class="GLACIER"),
+    ),
+    (
+        "db_private_and_encrypted",
+        "public",
+        lambda m: _res(m, "database", "aws_db_instance").update(publicly_accessible=True),
+    ),
+    (
+        "db_private_and_encrypted",
+        "unencrypted",
+        lambda m: _res(m, "database", "aws_db_instance").update(storage_encrypted=False),
+    ),
     ("db_private_and_encrypted", "aws-managed key", lambda m: _res(m, "database", "aws_db_instance").pop("kms_key_id")),
-    ("db_private_and_encrypted", "insights unencrypted", lambda m: _res(m, "database", "aws_db_instance").pop("performance_insights_kms_key_id")),
-    ("db_private_and_encrypted", "no IAM auth", lambda m: _res(m, "database", "aws_db_instance").update(iam_database_authentication_enabled=False)),
-    ("db_private_and_encrypted", "engine unpinned", lambda m: _var(m, "database", "engine_version").update(default="16")),
+    (
+        "db_private_and_encrypted",
+        "insights unencrypted",
+        lambda m: _res(m, "database", "aws_db_instance").pop("performance_insights_kms_key_id"),
+    ),
+    (
+        "db_private_and_encrypted",
+        "no IAM auth",
+        lambda m: _res(m, "database", "aws_db_instance").update(iam_database_authentication_enabled=False),
+    ),
+    (
+        "db_private_and_encrypted",
+        "engine unpinned",
+        lambda m: _var(m, "database", "engine_version").update(default="16"),
+    ),
     ("db_backups", "default 3 days", lambda m: _var(m, "database", "backup_retention_period").update(default=3)),
-    ("db_backups", "validation lowered",
-     lambda m: _var(m, "database", "backup_retention_period")["validation"][0].update(condition="${var.backup_retention_period >= 1}")),
+    (
+        "db_backups",
+        "validation lowered",
+        lambda m: _var(m, "database", "backup_retention_period")["validation"][0].update(
+            condition="${var.backup_retention_period >= 1}"
+        ),
+    ),
     ("db_backups", "validation removed", lambda m: _var(m, "database", "backup_retention_period").pop("validation")),
-    ("db_deletion_protection", "default off", lambda m: _var(m, "database", "deletion_protection").update(default=False)),
-    ("db_deletion_protection", "hard-coded off", lambda m: _res(m, "database", "aws_db_instance").update(deletion_protection=False)),
-    ("db_deletion_protection", "unnamed final snapshot", lambda m: _res(m, "database", "aws_db_instance").pop("final_snapshot_identifier")),
-    ("db_deletion_protection", "no final snapshot", lambda m: _res(m, "database", "aws_db_instance").update(skip_final_snapshot=True)),
-    ("db_master_password_managed", "password argument", lambda m: _res(m, "database", "aws_db_instance").update(password="${var.password}")),
-    ("db_master_password_managed", "not managed", lambda m: _res(m, "database", "aws_db_instance").update(manage_master_user_password=False)),
+    (
+        "db_deletion_protection",
+        "default off",
+        lambda m: _var(m, "database", "deletion_protection").update(default=False),
+    ),
+    (
+        "db_deletion_protection",
+        "hard-coded off",
+        lambda m: _res(m, "database", "aws_db_instance").update(deletion_protection=False),
+    ),
+    (
+        "db_deletion_protection",
+        "unnamed final snapshot",
+        lambda m: _res(m, "database", "aws_db_instance").pop("final_snapshot_identifier"),
+    ),
+    (
+        "db_deletion_protection",
+        "no final snapshot",
+        lambda m: _res(m, "database", "aws_db_instance").update(skip_final_snapshot=True),
+    ),
+    (
+        "db_master_password_managed",
+        "password argument",
+        lambda m: _res(m, "database", "aws_db_instance").update(password="${var.password}"),
+    ),
+    (
+        "db_master_password_managed",
+        "not managed",
+        lambda m: _res(m, "database", "aws_db_instance").update(manage_master_user_password=False),
+    ),
     ("db_ingress_only_from_security_groups", "CIDR ingress", lambda m: _ingress(m).update(cidr_ipv4="10.0.0.0/8")),
     ("db_ingress_only_from_security_groups", "port range", lambda m: _ingress(m).update(to_port=65535)),
-    ("db_ingress_only_from_security_groups", "inline ingress",
-     lambda m: _res(m, "database", "aws_security_group").update(ingress=[{"from_port": 5432, "cidr_blocks": ["0.0.0.0/0"]}])),
+    (
+        "db_ingress_only_from_security_groups",
+        "inline ingress",
+        lambda m: _res(m, "database", "aws_security_group").update(
+            ingress=[{"from_port": 5432, "cidr_blocks": ["0.0.0.0/0"]}]
+        ),
+    ),
     ("db_ingress_only_from_security_groups", "any protocol", lambda m: _ingress(m).update(ip_protocol="-1")),
-    ("db_ingress_only_from_security_groups", "extra security group on the instance",
-     lambda m: _res(m, "database", "aws_db_instance")["vpc_security_group_ids"].append("${var.extra_sg}")),
-    ("db_ingress_only_from_security_groups", "legacy rule resource", lambda m: m["database"]["resource"].append(
-        {"aws_security_group_rule": {"open": {"type": "ingress", "cidr_blocks": ["0.0.0.0/0"]}}})),
-    ("irsa_trust", "sub not pinned", lambda m: _sid(m, "irsa", "trust", "ServiceAccountWebIdentity")["condition"].pop(0)),
-    ("irsa_trust", "sub StringLike", lambda m: _sid(m, "irsa", "trust", "ServiceAccountWebIdentity")["condition"][0].update(test="StringLike")),
-    ("irsa_trust", "any service account", lambda m: m["irsa"]["locals"][0].update(subject="system:serviceaccount:${var.namespace}:*")),
-    ("irsa_trust", "aud wrong", lambda m: _sid(m, "irsa", "trust", "ServiceAccountWebIdentity")["condition"][1].update(values=["*"])),
-    ("irsa_least_privilege", "listing unrestricted", lambda m: _sid(m, "irsa", "access", "ListArtifactPrefixes").pop("condition")),
-    ("irsa_least_privilege", "whole bucket objects",
-     lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts").update(resources=["${var.bucket_arn}/*"])),
-    ("irsa_least_privilege", "extra action", lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts")["actions"].append("s3:PutObjectAcl")),
-    ("no_wildcard_iam", "s3:* allowed", lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts").update(actions=["s3:*"])),
-    ("no_wildcard_iam", "* action", lambda m: _sid(m, "irsa", "access", "UseArtifactKeyThroughS3")["actions"].append("*")),
-    ("no_wildcard_iam", "prefix wildcard action", lambda m: _sid(m, "irsa", "access", "ReadDatabaseSecret")["actions"].append("secretsmanager:Get*")),
-    ("no_wildcard_iam", "* resource", lambda m: _sid(m, "irsa", "access", "UseArtifactKeyThroughS3").update(resources=["*"])),
-    ("no_wildcard_iam", "* resource through a local", lambda m: m["irsa"]["locals"][0].update(object_resources='${["*"]}')),
-    ("no_wildcard_iam", "wildcard ARN", lambda m: _sid(m, "irsa", "access", "ReadDatabaseSecret").update(resources=["arn:aws:secretsmanager:*:*:secret:*"])),
-    ("no_wildcard_iam", "deny on every service", lambda m: _sid(m, "storage", "bucket", "DenyOutdatedTls").update(actions=["*"])),
-    ("no_wildcard_iam", "unconditional wildcard deny", lambda m: _sid(m, "storage", "bucket", "DenyOutdatedTls").pop("condition")),
-    ("no_wildcard_iam", "NotAction", lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts").update(not_actions=["iam:PassRole"])),
-    ("no_wildcard_iam", "raw JSON policy", lambda m: _res(m, "storage", "aws_s3_bucket_policy").update(policy='${jsonencode({Statement = []})}')),
-    ("no_wildcard_iam", "monitoring role s3:*", lambda m: _doc(m, "database", "monitoring_trust")["statement"][0].update(actions=["s3:*"])),
+    (
+        "db_ingress_only_from_security_groups",
+        "extra security group on the instance",
+        lambda m: _res(m, "database", "aws_db_instance")["vpc_security_group_ids"].append("${var.extra_sg}"),
+    ),
+    (
+        "db_ingress_only_from_security_groups",
+        "legacy rule resource",
+        lambda m: m["database"]["resource"].append(
+            {"aws_security_group_rule": {"open": {"type": "ingress", "cidr_blocks": ["0.0.0.0/0"]}}}
+        ),
+    ),
+    (
+        "irsa_trust",
+        "sub not pinned",
+        lambda m: _sid(m, "irsa", "trust", "ServiceAccountWebIdentity")["condition"].pop(0),
+    ),
+    (
+        "irsa_trust",
+        "sub StringLike",
+        lambda m: _sid(m, "irsa", "trust", "ServiceAccountWebIdentity")["condition"][0].update(test="StringLike"),
+    ),
+    (
+        "irsa_trust",
+        "any service account",
+        lambda m: m["irsa"]["locals"][0].update(subject="system:serviceaccount:${var.namespace}:*"),
+    ),
+    (
+        "irsa_trust",
+        "aud wrong",
+        lambda m: _sid(m, "irsa", "trust", "ServiceAccountWebIdentity")["condition"][1].update(values=["*"]),
+    ),
+    (
+        "irsa_least_privilege",
+        "listing unrestricted",
+        lambda m: _sid(m, "irsa", "access", "ListArtifactPrefixes").pop("condition"),
+    ),
+    (
+        "irsa_least_privilege",
+        "whole bucket objects",
+        lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts").update(resources=["${var.bucket_arn}/*"]),
+    ),
+    (
+        "irsa_least_privilege",
+        "extra action",
+        lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts")["actions"].append("s3:PutObjectAcl"),
+    ),
+    (
+        "no_wildcard_iam",
+        "s3:* allowed",
+        lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts").update(actions=["s3:*"]),
+    ),
+    (
+        "no_wildcard_iam",
+        "* action",
+        lambda m: _sid(m, "irsa", "access", "UseArtifactKeyThroughS3")["actions"].append("*"),
+    ),
+    (
+        "no_wildcard_iam",
+        "prefix wildcard action",
+        lambda m: _sid(m, "irsa", "access", "ReadDatabaseSecret")["actions"].append("secretsmanager:Get*"),
+    ),
+    (
+        "no_wildcard_iam",
+        "* resource",
+        lambda m: _sid(m, "irsa", "access", "UseArtifactKeyThroughS3").update(resources=["*"]),
+    ),
+    (
+        "no_wildcard_iam",
+        "* resource through a local",
+        lambda m: m["irsa"]["locals"][0].update(object_resources='${["*"]}'),
+    ),
+    (
+        "no_wildcard_iam",
+        "wildcard ARN",
+        lambda m: _sid(m, "irsa", "access", "ReadDatabaseSecret").update(
+            resources=["arn:aws:secretsmanager:*:*:secret:*"]
+        ),
+    ),
+    (
+        "no_wildcard_iam",
+        "deny on every service",
+        lambda m: _sid(m, "storage", "bucket", "DenyOutdatedTls").update(actions=["*"]),
+    ),
+    (
+        "no_wildcard_iam",
+        "unconditional wildcard deny",
+        lambda m: _sid(m, "storage", "bucket", "DenyOutdatedTls").pop("condition"),
+    ),
+    (
+        "no_wildcard_iam",
+        "NotAction",
+        lambda m: _sid(m, "irsa", "access", "ReadWriteArtifacts").update(not_actions=["iam:PassRole"]),
+    ),
+    (
+        "no_wildcard_iam",
+        "raw JSON policy",
+        lambda m: _res(m, "storage", "aws_s3_bucket_policy").update(policy="${jsonencode({Statement = []})}"),
+    ),
+    (
+        "no_wildcard_iam",
+        "monitoring role s3:*",
+        lambda m: _doc(m, "database", "monitoring_trust")["statement"][0].update(actions=["s3:*"]),
+    ),
 ]
 
 
-@pytest.mark.parametrize("check,mutate", [(c, f) for c, _, f in MUTATIONS], ids=[f"{c}-{d.replace(' ', '_')}" for c, d, _ in MUTATIONS])
+@pytest.mark.parametrize(
+    "check,mutate", [(c, f) for c, _, f in MUTATIONS], ids=[f"{c}-{d.replace(' ', '_')}" for c, d, _ in MUTATIONS]
+)
 def test_check_catches(modules: Modules, check: str, mutate: Callable[[Modules], Any]) -> None:
     broken = copy.deepcopy(modules)
     mutate(broken)

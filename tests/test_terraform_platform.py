@@ -34,8 +34,19 @@ import yaml
 from configs import env_references, load_profile
 from configs.schema import K8sConfig
 from pipelines.instance import DAGSTER_HOME_IN_POD, INSTANCE_CONFIG_MAP, RUN_MONITORING, RUN_RETRIES, cluster_settings
-from tests.terraform_support import (ENVIRONMENTS_DIR, MODULES_DIR, ROOT, TERRAFORM_DIR, Module, Validations, load, ref, references,
-                                     terraform_env, validate)
+from tests.terraform_support import (
+    ENVIRONMENTS_DIR,
+    MODULES_DIR,
+    ROOT,
+    TERRAFORM_DIR,
+    Module,
+    Validations,
+    load,
+    ref,
+    references,
+    terraform_env,
+    validate,
+)
 
 PLATFORM_DIR = MODULES_DIR / "platform"
 AWS_DIR = ENVIRONMENTS_DIR / "aws" / "platform"
@@ -43,8 +54,18 @@ INFRA_DIR = ENVIRONMENTS_DIR / "aws" / "infra"
 HAVE_TERRAFORM = shutil.which("terraform") is not None
 
 # The infra layer's flywheel_env output: what the Secret flywheel-env holds next to the password.
-CONTRACT_ENV_KEYS = {"FLYWHEEL_PROFILE", "FLYWHEEL_ARTIFACT_ROOT", "FLYWHEEL_IMAGE", "FLYWHEEL_TRAINER_IMAGE", "FLYWHEEL_SANDBOX_IMAGE",
-                     "MLFLOW_TRACKING_URI", "DAGSTER_PG_HOST", "DAGSTER_PG_DB", "DAGSTER_PG_USER", "AWS_REGION"}
+CONTRACT_ENV_KEYS = {
+    "FLYWHEEL_PROFILE",
+    "FLYWHEEL_ARTIFACT_ROOT",
+    "FLYWHEEL_IMAGE",
+    "FLYWHEEL_TRAINER_IMAGE",
+    "FLYWHEEL_SANDBOX_IMAGE",
+    "MLFLOW_TRACKING_URI",
+    "DAGSTER_PG_HOST",
+    "DAGSTER_PG_DB",
+    "DAGSTER_PG_USER",
+    "AWS_REGION",
+}
 
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 SAMPLE_ENV = {
@@ -77,9 +98,11 @@ K8S_EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO
 
 # helm_release -> (repository, chart) in each directory.
 RELEASES = {
-    "platform": {"dagster": ("https://dagster-io.github.io/helm", "dagster"),
-                 "mlflow": ("https://community-charts.github.io/helm-charts", "mlflow"),
-                 "nvidia_device_plugin": ("https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin")},
+    "platform": {
+        "dagster": ("https://dagster-io.github.io/helm", "dagster"),
+        "mlflow": ("https://community-charts.github.io/helm-charts", "mlflow"),
+        "nvidia_device_plugin": ("https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin"),
+    },
     "aws": {"cluster_autoscaler": ("https://kubernetes.github.io/autoscaler", "cluster-autoscaler")},
 }
 
@@ -137,11 +160,20 @@ def scratch_eval(module: Module, inputs: dict, expressions: list[str], workdir: 
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     shutil.copy(module.path / "variables.tf", workdir)
-    (workdir / "locals.tf").write_text("locals {\n" + "".join(f"  {name} = {to_hcl(value)}\n" for name, value in module.locals.items()) + "}\n")
+    (workdir / "locals.tf").write_text(
+        "locals {\n" + "".join(f"  {name} = {to_hcl(value)}\n" for name, value in module.locals.items()) + "}\n"
+    )
     (workdir / "terraform.tfvars.json").write_text(json.dumps(inputs))
     items = ", ".join(f"try(nonsensitive(jsonencode({e})), jsonencode({e}))" for e in expressions)
-    done = subprocess.run(["terraform", "console"], input=f"jsonencode([{items}])\n", cwd=workdir, env=terraform_env(),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["terraform", "console"],
+        input=f"jsonencode([{items}])\n",
+        cwd=workdir,
+        env=terraform_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     (line,) = [out for out in done.stdout.splitlines() if out.startswith('"')]
     return [json.loads(item) for item in json.loads(json.loads(line))]
@@ -183,10 +215,18 @@ def layers(tmp_path_factory) -> Layers:
     platform = load(PLATFORM_DIR)
     rendered = None
     if HAVE_TERRAFORM:
-        values = scratch_eval(platform, SAMPLE_INPUTS, list(RENDERED.values()), tmp_path_factory.mktemp("scratch") / "platform")
+        values = scratch_eval(
+            platform, SAMPLE_INPUTS, list(RENDERED.values()), tmp_path_factory.mktemp("scratch") / "platform"
+        )
         rendered = dict(zip(RENDERED, values))
-    return Layers(platform=platform, aws=load(AWS_DIR), infra=load(INFRA_DIR) if INFRA_DIR.is_dir() else None, eks=load(MODULES_DIR / "eks"),
-                  rendered=rendered, settings=cluster_settings(sample_profile()))
+    return Layers(
+        platform=platform,
+        aws=load(AWS_DIR),
+        infra=load(INFRA_DIR) if INFRA_DIR.is_dir() else None,
+        eks=load(MODULES_DIR / "eks"),
+        rendered=rendered,
+        settings=cluster_settings(sample_profile()),
+    )
 
 
 def rendered(layers: Layers) -> dict[str, Any]:
@@ -258,17 +298,29 @@ def check_charts_pinned(layers: Layers) -> None:
             assert (release["repository"], release["chart"]) == (repository, chart), name
             variable = re.fullmatch(r"\$\{var\.(\w+)\}", release["version"])
             assert variable, f"{name}: version must be a variable with a pinned default, not {release['version']!r}"
-            assert EXACT_VERSION.match(module.default(variable.group(1))), f"{name}: {module.default(variable.group(1))!r} is not an exact version"
-            assert module.variables[variable.group(1)].get("validation"), f"{name}: its version variable must reject ranges"
+            assert EXACT_VERSION.match(module.default(variable.group(1))), (
+                f"{name}: {module.default(variable.group(1))!r} is not an exact version"
+            )
+            assert module.variables[variable.group(1)].get("validation"), (
+                f"{name}: its version variable must reject ranges"
+            )
             # Values go through one yamlencode'd document, not dozens of set blocks.
-            assert release["values"] == ["${yamlencode(local.%s)}" % {"dagster": "dagster_values", "mlflow": "mlflow_values",
-                                                                          "nvidia_device_plugin": "device_plugin_values",
-                                                                          "cluster_autoscaler": "cluster_autoscaler_values"}[name]]
+            assert release["values"] == [
+                "${yamlencode(local.%s)}"
+                % {
+                    "dagster": "dagster_values",
+                    "mlflow": "mlflow_values",
+                    "nvidia_device_plugin": "device_plugin_values",
+                    "cluster_autoscaler": "cluster_autoscaler_values",
+                }[name]
+            ]
             assert "set" not in release and "set_sensitive" not in release, name
 
 
 def check_dagster_chart_is_the_app_dagster(layers: Layers) -> None:
-    assert layers.platform.default("dagster_chart_version") == pinned_dagster(), "the dagster chart must be the release pyproject.toml pins"
+    assert layers.platform.default("dagster_chart_version") == pinned_dagster(), (
+        "the dagster chart must be the release pyproject.toml pins"
+    )
 
 
 def check_secret_holds_the_app_env(layers: Layers) -> None:
@@ -289,7 +341,10 @@ def check_secret_holds_the_app_env(layers: Layers) -> None:
         assert set(layers.infra.locals["flywheel_env"]) == CONTRACT_ENV_KEYS
         assert layers.infra.locals["flywheel_env"]["FLYWHEEL_PROFILE"] == layers.platform.locals["profile"]
     if layers.rendered is not None:
-        assert set(layers.rendered["secret_keys"]) == CONTRACT_ENV_KEYS | {"DAGSTER_PG_PASSWORD", "FLYWHEEL_SANDBOX_TOKEN"}, layers.rendered["secret_keys"]
+        assert set(layers.rendered["secret_keys"]) == CONTRACT_ENV_KEYS | {
+            "DAGSTER_PG_PASSWORD",
+            "FLYWHEEL_SANDBOX_TOKEN",
+        }, layers.rendered["secret_keys"]
     # The profile the code server loads (FLYWHEEL_PROFILE) is the one with the k8s executor, and it
     # loads from nothing but the Secret's variables.
     assert sample_profile().orchestration.executor == "k8s"
@@ -305,16 +360,29 @@ def check_instance_matches_pipelines_instance(layers: Layers) -> None:
     assert values["concurrency"]["enabled"] is True
     assert values["concurrency"]["runs"]["maxConcurrentRuns"] == settings["concurrency"]["runs"]["max_concurrent_runs"]
     pools = settings["concurrency"]["pools"]
-    assert values["concurrency"]["pools"] == {"defaultLimit": pools["default_limit"], "granularity": pools["granularity"]}
+    assert values["concurrency"]["pools"] == {
+        "defaultLimit": pools["default_limit"],
+        "granularity": pools["granularity"],
+    }
     coordinator = values["dagsterDaemon"]["runCoordinator"]
-    assert coordinator["enabled"] is True and coordinator["type"] == settings["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    assert (
+        coordinator["enabled"] is True
+        and coordinator["type"] == settings["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    )
     assert all(v is None for v in coordinator["config"]["queuedRunCoordinator"].values()), coordinator
-    assert set(coordinator["config"]["queuedRunCoordinator"]) >= {"maxConcurrentRuns", "dequeueNumWorkers", "dequeueUseThreads"}
+    assert set(coordinator["config"]["queuedRunCoordinator"]) >= {
+        "maxConcurrentRuns",
+        "dequeueNumWorkers",
+        "dequeueUseThreads",
+    }
 
     # Monitoring and retries.
     monitoring = values["dagsterDaemon"]["runMonitoring"]
-    assert (monitoring["enabled"], monitoring["startTimeoutSeconds"], monitoring["pollIntervalSeconds"]) == \
-        (RUN_MONITORING["enabled"], RUN_MONITORING["start_timeout_seconds"], RUN_MONITORING["poll_interval_seconds"])
+    assert (monitoring["enabled"], monitoring["startTimeoutSeconds"], monitoring["pollIntervalSeconds"]) == (
+        RUN_MONITORING["enabled"],
+        RUN_MONITORING["start_timeout_seconds"],
+        RUN_MONITORING["poll_interval_seconds"],
+    )
     assert values["dagsterDaemon"]["runRetries"] == {"enabled": False}
     assert values["additionalInstanceConfig"] == {"run_retries": RUN_RETRIES}
     assert values["telemetry"] == settings["telemetry"]
@@ -324,14 +392,22 @@ def check_instance_matches_pipelines_instance(layers: Layers) -> None:
     expected = settings["run_launcher"]["config"]
     assert launcher["type"] == settings["run_launcher"]["class"] == "K8sRunLauncher"
     assert launcher["config"]["k8sRunLauncher"]["envSecrets"] == [{"name": name} for name in expected["env_secrets"]]
-    assert launcher["config"]["k8sRunLauncher"]["jobNamespace"] == expected["job_namespace"] == layers.platform.default("namespace")
+    assert (
+        launcher["config"]["k8sRunLauncher"]["jobNamespace"]
+        == expected["job_namespace"]
+        == layers.platform.default("namespace")
+    )
     assert launcher["config"]["k8sRunLauncher"]["loadInclusterConfig"] is expected["load_incluster_config"]
     # Run pods outlive any single step; the autoscaler's scale-down must leave them alone.
     run_pod = launcher["config"]["k8sRunLauncher"]["runK8sConfig"]["podTemplateSpecMetadata"]
     assert run_pod["annotations"] == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
     assert values["global"]["serviceAccountName"] == expected["service_account_name"] == k8s.service_account
     assert values["global"]["dagsterHome"] == expected["dagster_home"] == DAGSTER_HOME_IN_POD
-    assert f"{layers.platform.locals['dagster_release']}-instance" == expected["instance_config_map"] == INSTANCE_CONFIG_MAP
+    assert (
+        f"{layers.platform.locals['dagster_release']}-instance"
+        == expected["instance_config_map"]
+        == INSTANCE_CONFIG_MAP
+    )
     assert layers.platform.resource("helm_release", "dagster")["name"] == ref("local.dagster_release")
 
     # The AWS root passes its own defaults, which must be the same figures.
@@ -368,8 +444,12 @@ def check_external_postgres_over_tls(layers: Layers) -> None:
     values = rendered(layers)["dagster"]
     postgres = values["postgresql"]
     assert postgres["enabled"] is False
-    assert (postgres["postgresqlHost"], postgres["postgresqlDatabase"], postgres["postgresqlUsername"], postgres["service"]["port"]) == \
-        (SAMPLE_ENV["DAGSTER_PG_HOST"], SAMPLE_ENV["DAGSTER_PG_DB"], SAMPLE_ENV["DAGSTER_PG_USER"], 5432)
+    assert (
+        postgres["postgresqlHost"],
+        postgres["postgresqlDatabase"],
+        postgres["postgresqlUsername"],
+        postgres["service"]["port"],
+    ) == (SAMPLE_ENV["DAGSTER_PG_HOST"], SAMPLE_ENV["DAGSTER_PG_DB"], SAMPLE_ENV["DAGSTER_PG_USER"], 5432)
     assert postgres["postgresqlParams"] == {"sslmode": "require"}
     # The password comes from a Secret the module writes, never from the chart's values.
     assert values["generatePostgresqlPasswordSecret"] is False
@@ -403,7 +483,9 @@ def check_services_cluster_ip_only(layers: Layers) -> None:
         assert not values[release].get("ingress", {}).get("enabled", False), release
     for directory in (PLATFORM_DIR, AWS_DIR):
         for path in directory.glob("*.tf"):
-            assert not re.search(r"LoadBalancer|NodePort", path.read_text()), f"{path} exposes a Service outside the cluster"
+            assert not re.search(r"LoadBalancer|NodePort", path.read_text()), (
+                f"{path} exposes a Service outside the cluster"
+            )
     assert "service" not in layers.aws.locals["cluster_autoscaler_values"]
 
 
@@ -411,12 +493,18 @@ def check_mlflow_at_the_tracking_uri(layers: Layers) -> None:
     values = rendered(layers)["mlflow"]
     uri = rendered(layers)["mlflow_tracking_uri"]
     # The chart names its Service fullnameOverride, on service.port.
-    assert uri == f"http://{values['fullnameOverride']}.{layers.platform.default('namespace')}.svc.cluster.local:{values['service']['port']}"
+    assert (
+        uri
+        == f"http://{values['fullnameOverride']}.{layers.platform.default('namespace')}.svc.cluster.local:{values['service']['port']}"
+    )
     assert uri == SAMPLE_ENV["MLFLOW_TRACKING_URI"]
     if layers.infra is not None:
         template = layers.infra.locals["flywheel_env"]["MLFLOW_TRACKING_URI"]
-        infra_uri = (template.replace("${local.mlflow_service}", layers.infra.locals["mlflow_service"])
-                     .replace("${var.namespace}", layers.infra.default("namespace")).replace("${local.mlflow_port}", str(layers.infra.locals["mlflow_port"])))
+        infra_uri = (
+            template.replace("${local.mlflow_service}", layers.infra.locals["mlflow_service"])
+            .replace("${var.namespace}", layers.infra.default("namespace"))
+            .replace("${local.mlflow_port}", str(layers.infra.locals["mlflow_port"]))
+        )
         assert infra_uri == uri
     # MLflow 3 answers only the Host headers it allows: the in-cluster name and port-forwarding.
     from mlflow.server.security_utils import is_allowed_host_header
@@ -428,30 +516,61 @@ def check_mlflow_at_the_tracking_uri(layers: Layers) -> None:
     assert not is_allowed_host_header(allowed, "attacker.example:5000")
 
     store = values["backendStore"]
-    assert store["postgres"] == {"enabled": True, "host": SAMPLE_ENV["DAGSTER_PG_HOST"], "port": 5432, "database": "mlflow"}
+    assert store["postgres"] == {
+        "enabled": True,
+        "host": SAMPLE_ENV["DAGSTER_PG_HOST"],
+        "port": 5432,
+        "database": "mlflow",
+    }
     assert store["existingDatabaseSecret"]["name"] == layers.platform.locals["mlflow_database_secret"]
     assert store["databaseMigration"] is True
-    assert values["artifactRoot"] == {"proxiedArtifactStorage": True, "defaultArtifactsDestination": SAMPLE_ENV["FLYWHEEL_ARTIFACT_ROOT"] + "/mlflow"}
+    assert values["artifactRoot"] == {
+        "proxiedArtifactStorage": True,
+        "defaultArtifactsDestination": SAMPLE_ENV["FLYWHEEL_ARTIFACT_ROOT"] + "/mlflow",
+    }
     assert values["serviceAccount"] == {"create": False, "name": layers.platform.default("mlflow_service_account")}
     assert "${kubernetes_job_v1.mlflow_database}" in layers.platform.resource("helm_release", "mlflow")["depends_on"]
 
 
 def check_rbac_namespaced_and_minimal(layers: Layers) -> None:
     platform = layers.platform
-    for kind in ("kubernetes_cluster_role_v1", "kubernetes_cluster_role_binding_v1", "kubernetes_cluster_role", "kubernetes_cluster_role_binding"):
+    for kind in (
+        "kubernetes_cluster_role_v1",
+        "kubernetes_cluster_role_binding_v1",
+        "kubernetes_cluster_role",
+        "kubernetes_cluster_role_binding",
+    ):
         assert not platform.resources(kind), f"{kind}: nothing cluster-wide"
     role = platform.resource("kubernetes_role_v1", "runner")
     assert role["metadata"][0]["namespace"] == ref("kubernetes_namespace_v1.this.metadata[0].name")
-    granted = {(group, resource, verb) for rule in role["rule"] for group in rule["api_groups"] for resource in rule["resources"] for verb in rule["verbs"]}
-    expected = ({("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")} | {("batch", "jobs/status", "get")}
-                | {("", "pods", v) for v in ("create", "get", "list", "watch", "delete")}
-                | {("", "pods/log", "get"), ("", "pods/status", "get"), ("", "events", "list")}
-                | {("", "services", v) for v in ("create", "delete")})  # the multi-node launch's headless Service
+    granted = {
+        (group, resource, verb)
+        for rule in role["rule"]
+        for group in rule["api_groups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    expected = (
+        {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")}
+        | {("batch", "jobs/status", "get")}
+        | {("", "pods", v) for v in ("create", "get", "list", "watch", "delete")}
+        | {("", "pods/log", "get"), ("", "pods/status", "get"), ("", "events", "list")}
+        | {("", "services", v) for v in ("create", "delete")}
+    )  # the multi-node launch's headless Service
     assert granted == expected, (granted - expected, expected - granted)
     binding = platform.resource("kubernetes_role_binding_v1", "runner")
-    assert binding["role_ref"][0] == {"api_group": "rbac.authorization.k8s.io", "kind": "Role", "name": ref("kubernetes_role_v1.runner.metadata[0].name")}
-    assert binding["subject"] == [{"kind": "ServiceAccount", "name": ref("kubernetes_service_account_v1.runner.metadata[0].name"),
-                                   "namespace": ref("kubernetes_namespace_v1.this.metadata[0].name")}]
+    assert binding["role_ref"][0] == {
+        "api_group": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": ref("kubernetes_role_v1.runner.metadata[0].name"),
+    }
+    assert binding["subject"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": ref("kubernetes_service_account_v1.runner.metadata[0].name"),
+            "namespace": ref("kubernetes_namespace_v1.this.metadata[0].name"),
+        }
+    ]
     assert platform.resources("kubernetes_role_v1").keys() == {"runner"}
 
 
@@ -459,8 +578,14 @@ def check_service_accounts_match_app_and_irsa(layers: Layers) -> None:
     platform, aws = layers.platform, layers.aws
     runner = platform.resource("kubernetes_service_account_v1", "runner")["metadata"][0]
     mlflow = platform.resource("kubernetes_service_account_v1", "mlflow")["metadata"][0]
-    assert (runner["name"], runner["annotations"]) == (ref("var.runner_service_account"), ref("var.runner_service_account_annotations"))
-    assert (mlflow["name"], mlflow["annotations"]) == (ref("var.mlflow_service_account"), ref("var.mlflow_service_account_annotations"))
+    assert (runner["name"], runner["annotations"]) == (
+        ref("var.runner_service_account"),
+        ref("var.runner_service_account_annotations"),
+    )
+    assert (mlflow["name"], mlflow["annotations"]) == (
+        ref("var.mlflow_service_account"),
+        ref("var.mlflow_service_account_annotations"),
+    )
     assert platform.default("runner_service_account") == K8sConfig().service_account
     assert platform.default("namespace") == K8sConfig().namespace
 
@@ -480,9 +605,18 @@ def check_service_accounts_match_app_and_irsa(layers: Layers) -> None:
         for variable in ("namespace", "runner_service_account", "mlflow_service_account"):
             assert layers.infra.default(variable) == platform.default(variable), variable
         autoscaler_role = layers.infra.modules["autoscaler_role"]
-        assert (autoscaler_role["namespace"], autoscaler_role["service_account"]) == \
-            (aws.locals["autoscaler_namespace"], aws.locals["autoscaler_service_account"]) == ("kube-system", "cluster-autoscaler")
-        for output in ("runner_role_arn", "mlflow_role_arn", "autoscaler_role_arn", "runner_service_account", "mlflow_service_account"):
+        assert (
+            (autoscaler_role["namespace"], autoscaler_role["service_account"])
+            == (aws.locals["autoscaler_namespace"], aws.locals["autoscaler_service_account"])
+            == ("kube-system", "cluster-autoscaler")
+        )
+        for output in (
+            "runner_role_arn",
+            "mlflow_role_arn",
+            "autoscaler_role_arn",
+            "runner_service_account",
+            "mlflow_service_account",
+        ):
             assert output in layers.infra.outputs, output
 
 
@@ -502,20 +636,31 @@ def check_autoscaler_scales_gpu_from_zero(layers: Layers) -> None:
     assert args["scale-down-delay-after-add"] == ref("var.scale_down_unneeded_time")
     assert args["ignore-daemonsets-utilization"] is True
     # The eks module tags both groups for auto-discovery under this cluster's name.
-    assert set(layers.eks.locals["autoscaler_discovery_tags"]) == {"k8s.io/cluster-autoscaler/enabled", "k8s.io/cluster-autoscaler/${var.cluster_name}"}
+    assert set(layers.eks.locals["autoscaler_discovery_tags"]) == {
+        "k8s.io/cluster-autoscaler/enabled",
+        "k8s.io/cluster-autoscaler/${var.cluster_name}",
+    }
     # An image for the infra layer's Kubernetes version, of the same minor.
     tags = aws.default("cluster_autoscaler_image_tags")
-    assert aws.locals["cluster_autoscaler_image_tag"] == "${lookup(var.cluster_autoscaler_image_tags, local.kubernetes_minor, null)}"
+    assert (
+        aws.locals["cluster_autoscaler_image_tag"]
+        == "${lookup(var.cluster_autoscaler_image_tags, local.kubernetes_minor, null)}"
+    )
     for minor, tag in tags.items():
         assert re.fullmatch(rf"v{re.escape(minor)}\.\d+", tag), (minor, tag)
     if layers.infra is not None:
-        assert layers.infra.default("kubernetes_version") in tags, "no autoscaler image for the infra layer's default Kubernetes version"
+        assert layers.infra.default("kubernetes_version") in tags, (
+            "no autoscaler image for the infra layer's default Kubernetes version"
+        )
 
 
 def check_providers_pinned_and_configured(layers: Layers) -> None:
     (settings,) = layers.platform.blocks["terraform"]
     (providers,) = settings["required_providers"]
-    assert providers == {"kubernetes": {"source": "hashicorp/kubernetes", "version": "~> 3.0"}, "helm": {"source": "hashicorp/helm", "version": "~> 3.0"}}
+    assert providers == {
+        "kubernetes": {"source": "hashicorp/kubernetes", "version": "~> 3.0"},
+        "helm": {"source": "hashicorp/helm", "version": "~> 3.0"},
+    }
     assert "provider" not in layers.platform.blocks, "a module that configures providers cannot be reused or counted"
 
     (settings,) = layers.aws.blocks["terraform"]
@@ -531,14 +676,20 @@ def check_providers_pinned_and_configured(layers: Layers) -> None:
     kubernetes = configured["kubernetes"]
     for target in (helm, kubernetes):
         assert target["host"] == "${data.aws_eks_cluster.this.endpoint}"
-        assert target["cluster_ca_certificate"] == "${base64decode(data.aws_eks_cluster.this.certificate_authority[0].data)}"
+        assert (
+            target["cluster_ca_certificate"]
+            == "${base64decode(data.aws_eks_cluster.this.certificate_authority[0].data)}"
+        )
     assert isinstance(kubernetes["exec"], list) and kubernetes["exec"][0]["command"] == "${local.cluster_exec.command}"
     exec_ = layers.aws.locals["cluster_exec"]
     assert exec_["command"] == "aws" and exec_["args"][:2] == ["eks", "get-token"]
 
     state = layers.aws.data("terraform_remote_state")["infra"]
     assert (state["backend"], state["config"]) == (ref("var.infra_state_backend"), ref("var.infra_state_config"))
-    assert (layers.aws.default("infra_state_backend"), layers.aws.default("infra_state_config")) == ("local", {"path": "../infra/terraform.tfstate"})
+    assert (layers.aws.default("infra_state_backend"), layers.aws.default("infra_state_config")) == (
+        "local",
+        {"path": "../infra/terraform.tfstate"},
+    )
 
 
 def check_documented(layers: Layers) -> None:
@@ -546,12 +697,22 @@ def check_documented(layers: Layers) -> None:
         where = module.path.relative_to(TERRAFORM_DIR)
         assert module.variables and module.outputs
         for name, body in module.variables.items():
-            assert isinstance(body.get("description"), str) and body["description"].strip(), f"{where}: variable {name} has no description"
+            assert isinstance(body.get("description"), str) and body["description"].strip(), (
+                f"{where}: variable {name} has no description"
+            )
             assert body.get("type"), f"{where}: variable {name} has no type"
         for name, body in module.outputs.items():
-            assert isinstance(body.get("description"), str) and body["description"].strip(), f"{where}: output {name} has no description"
+            assert isinstance(body.get("description"), str) and body["description"].strip(), (
+                f"{where}: output {name} has no description"
+            )
     outputs = layers.aws.outputs
-    for name in ("namespace", "dagster_webserver_service", "dagster_port_forward_command", "mlflow_tracking_uri", "mlflow_port_forward_command"):
+    for name in (
+        "namespace",
+        "dagster_webserver_service",
+        "dagster_port_forward_command",
+        "mlflow_tracking_uri",
+        "mlflow_port_forward_command",
+    ):
         assert name in outputs, name
 
 
@@ -559,17 +720,28 @@ def check_password_only_in_secrets(layers: Layers) -> None:
     assert layers.platform.variables["db_password"].get("sensitive") is True
     secret_version = layers.aws.data("aws_secretsmanager_secret_version")["db_master"]
     assert secret_version["secret_id"] == "${local.infra.db_master_user_secret_arn}"
-    assert layers.aws.locals["db_master"] == "${jsondecode(data.aws_secretsmanager_secret_version.db_master.secret_string)}"
+    assert (
+        layers.aws.locals["db_master"]
+        == "${jsondecode(data.aws_secretsmanager_secret_version.db_master.secret_string)}"
+    )
     call = layers.aws.modules["platform"]
     assert (call["db_username"], call["db_password"]) == ("${local.db_master.username}", "${local.db_master.password}")
     assert call["credentials_revision"] == "${data.aws_secretsmanager_secret_version.db_master.version_id}"
     # Where the password is used: three Secrets, nowhere else in the module.
-    users = {name for name, body in layers.platform.resources("kubernetes_secret_v1").items() if references(json.dumps(body), "var.db_password")}
-    users |= {name for name, value in layers.platform.locals.items() if references(json.dumps(value), "var.db_password")}
+    users = {
+        name
+        for name, body in layers.platform.resources("kubernetes_secret_v1").items()
+        if references(json.dumps(body), "var.db_password")
+    }
+    users |= {
+        name for name, value in layers.platform.locals.items() if references(json.dumps(value), "var.db_password")
+    }
     assert users == {"dagster_postgresql", "mlflow_database", "flywheel_env_secret"}, users
     if layers.rendered is not None:
         for document in ("dagster_values_yaml", "mlflow_values_yaml"):
-            assert SAMPLE_PASSWORD not in json.dumps(layers.rendered[document]), f"the password is in the {document} Helm values"
+            assert SAMPLE_PASSWORD not in json.dumps(layers.rendered[document]), (
+                f"the password is in the {document} Helm values"
+            )
         assert SAMPLE_PASSWORD not in json.dumps(layers.rendered["dagster"]) + json.dumps(layers.rendered["mlflow"])
 
 
@@ -583,9 +755,16 @@ def check_sandbox_token_only_in_its_secrets(layers: Layers) -> None:
     assert platform.variables["sandbox_token"].get("sensitive") is True
     secret = platform.resource("kubernetes_secret_v1", "sandbox_token")
     assert secret["metadata"][0]["name"] == ref("local.sandbox_token_secret")
-    assert (platform.locals["sandbox_token_secret"], platform.locals["sandbox_token_key"]) == (SANDBOX_TOKEN_SECRET, SANDBOX_TOKEN_KEY)
+    assert (platform.locals["sandbox_token_secret"], platform.locals["sandbox_token_key"]) == (
+        SANDBOX_TOKEN_SECRET,
+        SANDBOX_TOKEN_KEY,
+    )
     assert secret["data"] == {"${(local.sandbox_token_key)}": ref("var.sandbox_token")}
-    users = {name for name, body in platform.resources("kubernetes_secret_v1").items() if references(json.dumps(body), "var.sandbox_token")}
+    users = {
+        name
+        for name, body in platform.resources("kubernetes_secret_v1").items()
+        if references(json.dumps(body), "var.sandbox_token")
+    }
     users |= {name for name, value in platform.locals.items() if references(json.dumps(value), "var.sandbox_token")}
     assert users == {"sandbox_token", "flywheel_env_secret"}, users
     assert "FLYWHEEL_SANDBOX_TOKEN = var.sandbox_token" in platform.locals["flywheel_env_secret"].replace('"', "")
@@ -596,7 +775,9 @@ def check_sandbox_token_only_in_its_secrets(layers: Layers) -> None:
     assert layers.aws.modules["platform"]["sandbox_token"] == ref("random_password.sandbox_token.result")
     if layers.rendered is not None:
         for document in ("dagster_values_yaml", "mlflow_values_yaml"):
-            assert SAMPLE_TOKEN not in json.dumps(layers.rendered[document]), f"the sandbox token is in the {document} Helm values"
+            assert SAMPLE_TOKEN not in json.dumps(layers.rendered[document]), (
+                f"the sandbox token is in the {document} Helm values"
+            )
         assert SAMPLE_TOKEN not in json.dumps(layers.rendered["dagster"]) + json.dumps(layers.rendered["mlflow"])
 
 
@@ -677,82 +858,274 @@ def _config(module: Module, name: str) -> dict:
 
 
 MUTATIONS: list[tuple[str, str, Callable[[Layers], Any]]] = [
-    ("charts_pinned", "range default", lambda l: _variable(l.platform, "mlflow_chart_version").update(default="~> 1.11")),
-    ("charts_pinned", "literal range", lambda l: _body(l.aws, "resource", "helm_release", "cluster_autoscaler").update(version=">= 9.0")),
-    ("charts_pinned", "validation dropped", lambda l: _variable(l.platform, "nvidia_device_plugin_chart_version").pop("validation")),
-    ("charts_pinned", "set blocks", lambda l: _body(l.platform, "resource", "helm_release", "dagster").update(set=[{"name": "x", "value": "y"}])),
-    ("dagster_chart_is_the_app_dagster", "chart behind the pin", lambda l: _variable(l.platform, "dagster_chart_version").update(default="1.13.26")),
-    ("secret_holds_the_app_env", "key missing from the Secret", lambda l: _rendered(l, "secret_keys").remove("FLYWHEEL_SANDBOX_IMAGE")),
-    ("secret_holds_the_app_env", "requirement dropped",
-     lambda l: _locals(l.platform, "required_env_keys")["required_env_keys"].remove("MLFLOW_TRACKING_URI")),
-    ("secret_holds_the_app_env", "another Secret", lambda l: _locals(l.platform, "env_secret_name").update(env_secret_name="flywheel")),
-    ("instance_matches_pipelines_instance", "more runs", lambda l: _dagster(l)["concurrency"]["runs"].update(maxConcurrentRuns=8)),
-    ("instance_matches_pipelines_instance", "pool limit", lambda l: _dagster(l)["concurrency"]["pools"].update(defaultLimit=1)),
-    ("instance_matches_pipelines_instance", "run coordinator limit too",
-     lambda l: _dagster(l)["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"].update(maxConcurrentRuns=4)),
-    ("instance_matches_pipelines_instance", "no env secret",
-     lambda l: _dagster(l)["runLauncher"]["config"]["k8sRunLauncher"].update(envSecrets=[])),
-    ("instance_matches_pipelines_instance", "retries on op failure",
-     lambda l: _dagster(l)["additionalInstanceConfig"]["run_retries"].update(retry_on_asset_or_op_failure=True)),
-    ("instance_matches_pipelines_instance", "chart's service account", lambda l: _dagster(l)["global"].update(serviceAccountName="dagster")),
-    ("instance_matches_pipelines_instance", "root default differs", lambda l: _variable(l.aws, "gpu_pool_limit").update(default=8)),
-    ("instance_matches_pipelines_instance", "pool larger than the node group", lambda l: _variable(infra(l), "gpu_max_nodes").update(default=2)),
-    ("user_code_serves_the_image_cmd", "file instead of module",
-     lambda l: _deployment(l).update(dagsterApiGrpcArgs=["-f", "repo.py"])),
-    ("user_code_serves_the_image_cmd", "chart's port", lambda l: _deployment(l).update(port=3030)),
-    ("user_code_serves_the_image_cmd", "daemon on any node", lambda l: _dagster(l)["dagsterDaemon"].update(nodeSelector={})),
-    ("external_postgres_over_tls", "bundled postgres", lambda l: _dagster(l)["postgresql"].update(enabled=True)),
-    ("external_postgres_over_tls", "TLS preferred only", lambda l: _dagster(l)["postgresql"].update(postgresqlParams={"sslmode": "prefer"})),
-    ("external_postgres_over_tls", "chart-generated password", lambda l: _dagster(l).update(generatePostgresqlPasswordSecret=True)),
-    ("device_plugin_on_gpu_nodes_only", "every node", lambda l: _plugin(l).update(nodeSelector={})),
-    ("device_plugin_on_gpu_nodes_only", "taint not tolerated",
-     lambda l: _plugin(l).update(tolerations=[{"key": "CriticalAddonsOnly", "operator": "Exists"}])),
-    ("device_plugin_on_gpu_nodes_only", "NFD affinity kept", lambda l: _plugin(l).pop("affinity")),
-    ("services_cluster_ip_only", "webserver load balancer", lambda l: _dagster(l)["dagsterWebserver"]["service"].update(type="LoadBalancer")),
-    ("services_cluster_ip_only", "mlflow node port", lambda l: _mlflow(l)["service"].update(type="NodePort")),
-    ("services_cluster_ip_only", "ingress", lambda l: _mlflow(l).update(ingress={"enabled": True})),
-    ("mlflow_at_the_tracking_uri", "service renamed", lambda l: _mlflow(l).update(fullnameOverride="mlflow-server")),
-    ("mlflow_at_the_tracking_uri", "port 80", lambda l: _mlflow(l)["service"].update(port=80)),
-    ("mlflow_at_the_tracking_uri", "service name not allowed",
-     lambda l: _mlflow(l)["extraEnvVars"].update(MLFLOW_SERVER_ALLOWED_HOSTS="localhost,localhost:*")),
-    ("mlflow_at_the_tracking_uri", "artifacts at the root", lambda l: _mlflow(l)["artifactRoot"].update(defaultArtifactsDestination="s3://x")),
-    ("rbac_namespaced_and_minimal", "wildcard verb", lambda l: _rules(l)[0]["verbs"].append("*")),
-    ("rbac_namespaced_and_minimal", "secrets", lambda l: _rules(l)[2]["resources"].append("secrets")),
-    ("rbac_namespaced_and_minimal", "cluster role", lambda l: l.platform.blocks["resource"].append({"kubernetes_cluster_role_v1": {"x": {}}})),
-    ("rbac_namespaced_and_minimal", "bound to default",
-     lambda l: _body(l.platform, "resource", "kubernetes_role_binding_v1", "runner")["subject"][0].update(name="default")),
-    ("service_accounts_match_app_and_irsa", "runner renamed", lambda l: _variable(l.platform, "runner_service_account").update(default="dagster")),
-    ("service_accounts_match_app_and_irsa", "annotation key", lambda l: _call(l.aws, "platform").update(runner_service_account_annotations={"role": "x"})),
-    ("service_accounts_match_app_and_irsa", "autoscaler elsewhere",  # caught by comparing with the infra layer's role
-     lambda l: infra(l) and _locals(l.aws, "autoscaler_namespace").update(autoscaler_namespace="default")),
-    ("autoscaler_scales_gpu_from_zero", "slow scale-down", lambda l: _variable(l.aws, "scale_down_unneeded_time").update(default="30m")),
-    ("autoscaler_scales_gpu_from_zero", "no image for the infra default",
-     lambda l: _variable(l.aws, "cluster_autoscaler_image_tags").update(default={"1.0": "v1.0.0"} if infra(l) else {})),
-    ("autoscaler_scales_gpu_from_zero", "image of another minor",
-     lambda l: _variable(l.aws, "cluster_autoscaler_image_tags").update(default={"1.35": "v1.34.2"})),
-    ("autoscaler_scales_gpu_from_zero", "on gpu nodes",
-     lambda l: _locals(l.aws, "cluster_autoscaler_values")["cluster_autoscaler_values"].update(nodeSelector={})),
-    ("providers_pinned_and_configured", "module configures a provider", lambda l: l.platform.blocks.setdefault("provider", [{"helm": {}}])),
-    ("providers_pinned_and_configured", "helm unpinned",
-     lambda l: l.platform.blocks["terraform"][0]["required_providers"][0]["helm"].update(version=">= 2")),
-    ("providers_pinned_and_configured", "helm 2.x block syntax", lambda l: _config(l.aws, "helm").update(kubernetes=[{"host": "x"}])),
-    ("documented", "description dropped", lambda l: _variable(l.platform, "gpu_pool_limit").pop("description")),
-    ("documented", "output undocumented", lambda l: next(e for e in l.aws.blocks["output"] if "namespace" in e)["namespace"].pop("description")),
-    ("password_only_in_secrets", "not sensitive", lambda l: _variable(l.platform, "db_password").pop("sensitive")),
-    ("password_only_in_secrets", "password in chart values", lambda l: _dagster(l)["postgresql"].update(postgresqlPassword=SAMPLE_PASSWORD)),
-    ("password_only_in_secrets", "hard-coded password", lambda l: _locals(l.aws, "db_master").update(db_master='${{username = "a", password = "b"}}')),
-    ("sandbox_token_only_in_its_secrets", "not sensitive", lambda l: _variable(l.platform, "sandbox_token").pop("sensitive")),
-    ("sandbox_token_only_in_its_secrets", "secret renamed",
-     lambda l: _locals(l.platform, "sandbox_token_secret").update(sandbox_token_secret="sandbox-token")),
-    ("sandbox_token_only_in_its_secrets", "token in chart values",
-     lambda l: _dagster(l)["dagsterDaemon"].update(env={"FLYWHEEL_SANDBOX_TOKEN": SAMPLE_TOKEN})),
-    ("sandbox_token_only_in_its_secrets", "short token", lambda l: _body(l.aws, "resource", "random_password", "sandbox_token").update(length=12)),
-    ("sandbox_token_only_in_its_secrets", "literal token",
-     lambda l: _call(l.aws, "platform").update(sandbox_token="0123456789abcdef0123456789abcdef")),
+    (
+        "charts_pinned",
+        "range default",
+        lambda layers: _variable(layers.platform, "mlflow_chart_version").update(default="~> 1.11"),
+    ),
+    (
+        "charts_pinned",
+        "literal range",
+        lambda layers: _body(layers.aws, "resource", "helm_release", "cluster_autoscaler").update(version=">= 9.0"),
+    ),
+    (
+        "charts_pinned",
+        "validation dropped",
+        lambda layers: _variable(layers.platform, "nvidia_device_plugin_chart_version").pop("validation"),
+    ),
+    (
+        "charts_pinned",
+        "set blocks",
+        lambda layers: _body(layers.platform, "resource", "helm_release", "dagster").update(
+            set=[{"name": "x", "value": "y"}]
+        ),
+    ),
+    (
+        "dagster_chart_is_the_app_dagster",
+        "chart behind the pin",
+        lambda layers: _variable(layers.platform, "dagster_chart_version").update(default="1.13.26"),
+    ),
+    (
+        "secret_holds_the_app_env",
+        "key missing from the Secret",
+        lambda layers: _rendered(layers, "secret_keys").remove("FLYWHEEL_SANDBOX_IMAGE"),
+    ),
+    (
+        "secret_holds_the_app_env",
+        "requirement dropped",
+        lambda layers: _locals(layers.platform, "required_env_keys")["required_env_keys"].remove("MLFLOW_TRACKING_URI"),
+    ),
+    (
+        "secret_holds_the_app_env",
+        "another Secret",
+        lambda layers: _locals(layers.platform, "env_secret_name").update(env_secret_name="flywheel"),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "more runs",
+        lambda layers: _dagster(layers)["concurrency"]["runs"].update(maxConcurrentRuns=8),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "pool limit",
+        lambda layers: _dagster(layers)["concurrency"]["pools"].update(defaultLimit=1),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "run coordinator limit too",
+        lambda layers: _dagster(layers)["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"].update(
+            maxConcurrentRuns=4
+        ),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "no env secret",
+        lambda layers: _dagster(layers)["runLauncher"]["config"]["k8sRunLauncher"].update(envSecrets=[]),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "retries on op failure",
+        lambda layers: _dagster(layers)["additionalInstanceConfig"]["run_retries"].update(
+            retry_on_asset_or_op_failure=True
+        ),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "chart's service account",
+        lambda layers: _dagster(layers)["global"].update(serviceAccountName="dagster"),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "root default differs",
+        lambda layers: _variable(layers.aws, "gpu_pool_limit").update(default=8),
+    ),
+    (
+        "instance_matches_pipelines_instance",
+        "pool larger than the node group",
+        lambda layers: _variable(infra(layers), "gpu_max_nodes").update(default=2),
+    ),
+    (
+        "user_code_serves_the_image_cmd",
+        "file instead of module",
+        lambda layers: _deployment(layers).update(dagsterApiGrpcArgs=["-f", "repo.py"]),
+    ),
+    ("user_code_serves_the_image_cmd", "chart's port", lambda layers: _deployment(layers).update(port=3030)),
+    (
+        "user_code_serves_the_image_cmd",
+        "daemon on any node",
+        lambda layers: _dagster(layers)["dagsterDaemon"].update(nodeSelector={}),
+    ),
+    (
+        "external_postgres_over_tls",
+        "bundled postgres",
+        lambda layers: _dagster(layers)["postgresql"].update(enabled=True),
+    ),
+    (
+        "external_postgres_over_tls",
+        "TLS preferred only",
+        lambda layers: _dagster(layers)["postgresql"].update(postgresqlParams={"sslmode": "prefer"}),
+    ),
+    (
+        "external_postgres_over_tls",
+        "chart-generated password",
+        lambda layers: _dagster(layers).update(generatePostgresqlPasswordSecret=True),
+    ),
+    ("device_plugin_on_gpu_nodes_only", "every node", lambda layers: _plugin(layers).update(nodeSelector={})),
+    (
+        "device_plugin_on_gpu_nodes_only",
+        "taint not tolerated",
+        lambda layers: _plugin(layers).update(tolerations=[{"key": "CriticalAddonsOnly", "operator": "Exists"}]),
+    ),
+    ("device_plugin_on_gpu_nodes_only", "NFD affinity kept", lambda layers: _plugin(layers).pop("affinity")),
+    (
+        "services_cluster_ip_only",
+        "webserver load balancer",
+        lambda layers: _dagster(layers)["dagsterWebserver"]["service"].update(type="LoadBalancer"),
+    ),
+    ("services_cluster_ip_only", "mlflow node port", lambda layers: _mlflow(layers)["service"].update(type="NodePort")),
+    ("services_cluster_ip_only", "ingress", lambda layers: _mlflow(layers).update(ingress={"enabled": True})),
+    (
+        "mlflow_at_the_tracking_uri",
+        "service renamed",
+        lambda layers: _mlflow(layers).update(fullnameOverride="mlflow-server"),
+    ),
+    ("mlflow_at_the_tracking_uri", "port 80", lambda layers: _mlflow(layers)["service"].update(port=80)),
+    (
+        "mlflow_at_the_tracking_uri",
+        "service name not allowed",
+        lambda layers: _mlflow(layers)["extraEnvVars"].update(MLFLOW_SERVER_ALLOWED_HOSTS="localhost,localhost:*"),
+    ),
+    (
+        "mlflow_at_the_tracking_uri",
+        "artifacts at the root",
+        lambda layers: _mlflow(layers)["artifactRoot"].update(defaultArtifactsDestination="s3://x"),
+    ),
+    ("rbac_namespaced_and_minimal", "wildcard verb", lambda layers: _rules(layers)[0]["verbs"].append("*")),
+    ("rbac_namespaced_and_minimal", "secrets", lambda layers: _rules(layers)[2]["resources"].append("secrets")),
+    (
+        "rbac_namespaced_and_minimal",
+        "cluster role",
+        lambda layers: layers.platform.blocks["resource"].append({"kubernetes_cluster_role_v1": {"x": {}}}),
+    ),
+    (
+        "rbac_namespaced_and_minimal",
+        "bound to default",
+        lambda layers: _body(layers.platform, "resource", "kubernetes_role_binding_v1", "runner")["subject"][0].update(
+            name="default"
+        ),
+    ),
+    (
+        "service_accounts_match_app_and_irsa",
+        "runner renamed",
+        lambda layers: _variable(layers.platform, "runner_service_account").update(default="dagster"),
+    ),
+    (
+        "service_accounts_match_app_and_irsa",
+        "annotation key",
+        lambda layers: _call(layers.aws, "platform").update(runner_service_account_annotations={"role": "x"}),
+    ),
+    (
+        "service_accounts_match_app_and_irsa",
+        "autoscaler elsewhere",  # caught by comparing with the infra layer's role
+        lambda layers: (
+            infra(layers) and _locals(layers.aws, "autoscaler_namespace").update(autoscaler_namespace="default")
+        ),
+    ),
+    (
+        "autoscaler_scales_gpu_from_zero",
+        "slow scale-down",
+        lambda layers: _variable(layers.aws, "scale_down_unneeded_time").update(default="30m"),
+    ),
+    (
+        "autoscaler_scales_gpu_from_zero",
+        "no image for the infra default",
+        lambda layers: _variable(layers.aws, "cluster_autoscaler_image_tags").update(
+            default={"1.0": "v1.0.0"} if infra(layers) else {}
+        ),
+    ),
+    (
+        "autoscaler_scales_gpu_from_zero",
+        "image of another minor",
+        lambda layers: _variable(layers.aws, "cluster_autoscaler_image_tags").update(default={"1.35": "v1.34.2"}),
+    ),
+    (
+        "autoscaler_scales_gpu_from_zero",
+        "on gpu nodes",
+        lambda layers: _locals(layers.aws, "cluster_autoscaler_values")["cluster_autoscaler_values"].update(
+            nodeSelector={}
+        ),
+    ),
+    (
+        "providers_pinned_and_configured",
+        "module configures a provider",
+        lambda layers: layers.platform.blocks.setdefault("provider", [{"helm": {}}]),
+    ),
+    (
+        "providers_pinned_and_configured",
+        "helm unpinned",
+        lambda layers: layers.platform.blocks["terraform"][0]["required_providers"][0]["helm"].update(version=">= 2"),
+    ),
+    (
+        "providers_pinned_and_configured",
+        "helm 2.x block syntax",
+        lambda layers: _config(layers.aws, "helm").update(kubernetes=[{"host": "x"}]),
+    ),
+    (
+        "documented",
+        "description dropped",
+        lambda layers: _variable(layers.platform, "gpu_pool_limit").pop("description"),
+    ),
+    (
+        "documented",
+        "output undocumented",
+        lambda layers: next(e for e in layers.aws.blocks["output"] if "namespace" in e)["namespace"].pop("description"),
+    ),
+    (
+        "password_only_in_secrets",
+        "not sensitive",
+        lambda layers: _variable(layers.platform, "db_password").pop("sensitive"),
+    ),
+    (
+        "password_only_in_secrets",
+        "password in chart values",
+        lambda layers: _dagster(layers)["postgresql"].update(postgresqlPassword=SAMPLE_PASSWORD),
+    ),
+    (
+        "password_only_in_secrets",
+        "hard-coded password",
+        lambda layers: _locals(layers.aws, "db_master").update(db_master='${{username = "a", password = "b"}}'),
+    ),
+    (
+        "sandbox_token_only_in_its_secrets",
+        "not sensitive",
+        lambda layers: _variable(layers.platform, "sandbox_token").pop("sensitive"),
+    ),
+    (
+        "sandbox_token_only_in_its_secrets",
+        "secret renamed",
+        lambda layers: _locals(layers.platform, "sandbox_token_secret").update(sandbox_token_secret="sandbox-token"),
+    ),
+    (
+        "sandbox_token_only_in_its_secrets",
+        "token in chart values",
+        lambda layers: _dagster(layers)["dagsterDaemon"].update(env={"FLYWHEEL_SANDBOX_TOKEN": SAMPLE_TOKEN}),
+    ),
+    (
+        "sandbox_token_only_in_its_secrets",
+        "short token",
+        lambda layers: _body(layers.aws, "resource", "random_password", "sandbox_token").update(length=12),
+    ),
+    (
+        "sandbox_token_only_in_its_secrets",
+        "literal token",
+        lambda layers: _call(layers.aws, "platform").update(sandbox_token="0123456789abcdef0123456789abcdef"),
+    ),
 ]
 
 
-@pytest.mark.parametrize("check,mutate", [(c, f) for c, _, f in MUTATIONS], ids=[f"{c}-{d.replace(' ', '_')}" for c, d, _ in MUTATIONS])
+@pytest.mark.parametrize(
+    "check,mutate", [(c, f) for c, _, f in MUTATIONS], ids=[f"{c}-{d.replace(' ', '_')}" for c, d, _ in MUTATIONS]
+)
 def test_check_catches(layers: Layers, check: str, mutate: Callable[[Layers], Any]) -> None:
     broken = copy.deepcopy(layers)
     mutate(broken)
@@ -780,15 +1153,24 @@ echo "unexpected psql call: $*" >&2; exit 3
 """
 
 
-@pytest.mark.parametrize("existing,down,creates,succeeds", [("", "", True, True), ("mlflow", "", False, True), ("", "1", True, False)],
-                         ids=["missing-is-created", "existing-is-kept", "unreachable-fails"])
+@pytest.mark.parametrize(
+    "existing,down,creates,succeeds",
+    [("", "", True, True), ("mlflow", "", False, True), ("", "1", True, False)],
+    ids=["missing-is-created", "existing-is-kept", "unreachable-fails"],
+)
 def test_mlflow_database_job_creates_only_when_missing(tmp_path, existing, down, creates, succeeds):
     platform = load(PLATFORM_DIR)
     script = unescape(platform.locals["create_mlflow_database"])
     (tmp_path / "psql").write_text(FAKE_PSQL)
     (tmp_path / "psql").chmod(0o755)
     log = tmp_path / "calls.log"
-    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "MLFLOW_DATABASE": "mlflow", "FAKE_EXISTING": existing, "FAKE_DOWN": down, "FAKE_LOG": str(log)}
+    env = {
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "MLFLOW_DATABASE": "mlflow",
+        "FAKE_EXISTING": existing,
+        "FAKE_DOWN": down,
+        "FAKE_LOG": str(log),
+    }
     done = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert (done.returncode == 0) == succeeds, done.stderr
     calls = log.read_text().splitlines()
@@ -808,7 +1190,9 @@ def test_mlflow_database_job_creates_only_when_missing(tmp_path, existing, down,
     for name, key in (("PGUSER", "username"), ("PGPASSWORD", "password")):
         assert env_vars[name]["value_from"][0]["secret_key_ref"][0]["key"] == key
     # The database it creates is the one MLflow uses.
-    assert load(PLATFORM_DIR).locals["mlflow_values"]["backendStore"]["postgres"]["database"] == ref("var.mlflow_database_name")
+    assert load(PLATFORM_DIR).locals["mlflow_values"]["backendStore"]["postgres"]["database"] == ref(
+        "var.mlflow_database_name"
+    )
 
 
 # --- Variable validations and the Secret's preconditions (terraform console, offline) ------------------
@@ -850,8 +1234,18 @@ VALIDATION_CASES = [
     ("platform", "cpu_node_selector", {}, False),
     ("platform", "gpu_tolerations", [], False),
     ("platform", "gpu_tolerations", [{"key": "nvidia.com/gpu", "operator": "Maybe", "effect": "NoSchedule"}], False),
-    ("platform", "gpu_tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "seconds": "5"}], False),
-    ("platform", "gpu_tolerations", [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}], True),
+    (
+        "platform",
+        "gpu_tolerations",
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "seconds": "5"}],
+        False,
+    ),
+    (
+        "platform",
+        "gpu_tolerations",
+        [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}],
+        True,
+    ),
     ("platform", "max_concurrent_runs", 0, False),
     ("platform", "max_concurrent_runs", 1.5, False),
     ("platform", "gpu_pool_limit", 0, False),
@@ -904,7 +1298,9 @@ def test_env_secret_preconditions_catch_a_mismatched_env(tmp_path, case):
     changes, failing = PRECONDITION_CASES[case]
     env = {k: v for k, v in {**SAMPLE_ENV, **changes}.items() if v is not None}
     preconditions = platform.resource("kubernetes_secret_v1", "flywheel_env")["lifecycle"][0]["precondition"]
-    results = scratch_eval(platform, {**SAMPLE_INPUTS, "env": env}, [p["condition"][2:-1] for p in preconditions], tmp_path / "scratch")
+    results = scratch_eval(
+        platform, {**SAMPLE_INPUTS, "env": env}, [p["condition"][2:-1] for p in preconditions], tmp_path / "scratch"
+    )
     assert results == [i != failing for i in range(len(preconditions))], results
 
 
@@ -921,6 +1317,13 @@ def test_terraform_validate(directory, tmp_path):
 
 @pytest.mark.skipif(not HAVE_TERRAFORM, reason="the terraform CLI is not installed")
 def test_terraform_files_are_formatted():
-    done = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(PLATFORM_DIR), str(AWS_DIR)], env=terraform_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"run `terraform fmt -recursive {TERRAFORM_DIR.relative_to(ROOT)}`:\n{done.stdout}{done.stderr}"
+    done = subprocess.run(
+        ["terraform", "fmt", "-check", "-recursive", "-diff", str(PLATFORM_DIR), str(AWS_DIR)],
+        env=terraform_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, (
+        f"run `terraform fmt -recursive {TERRAFORM_DIR.relative_to(ROOT)}`:\n{done.stdout}{done.stderr}"
+    )

@@ -69,14 +69,22 @@ def test_hf_engine_stops_at_the_token_completing_a_split_tag(split_policy):
     inside = encode(tok, "print(6*7)</code")  # the tag completed inside the token "><"
     scripts = [call + after, inside + [merged] + after, encode(tok, "<answer>42</answer>") + after, after * 3]
     engine = HFEngine(Scripted(scripts, len(tok)), tok)
-    out = engine.generate([[1, 2]] * 4, [40] * 4, stop_ids={tok.eos_token_id}, sampling=Sampling(greedy=True), generator=None,
-                          stop_strings=TURN_STOPS)
+    out = engine.generate(
+        [[1, 2]] * 4,
+        [40] * 4,
+        stop_ids={tok.eos_token_id},
+        sampling=Sampling(greedy=True),
+        generator=None,
+        stop_strings=TURN_STOPS,
+    )
     assert out[0].ids == call  # the multi-token tag, and nothing after it
     assert out[1].ids == inside + [merged]  # kept whole: the sampled ids exactly, "<" after the tag included
     assert out[2].ids == encode(tok, "<answer>42</answer>")
     assert len(out[3].ids) == 40  # no stop: the budget
     # without stop strings (the scratch fast path's call) the split tag does not stop the row
-    plain = engine.generate([[1, 2]], [len(call) + 3], stop_ids={tok.eos_token_id}, sampling=Sampling(greedy=True), generator=None)
+    plain = engine.generate(
+        [[1, 2]], [len(call) + 3], stop_ids={tok.eos_token_id}, sampling=Sampling(greedy=True), generator=None
+    )
     assert len(plain[0].ids) == len(call) + 3
 
 
@@ -103,11 +111,21 @@ def test_the_loop_reads_the_call_before_a_tag_that_ends_inside_a_token(split_pol
     cfg = micro_cfg.rollout.model_copy(update={"system_prompt": "Use tools."})
     # the scripted model's row 0 replays its script from the start of each call: turn 2 starts at `answer`
     engine.model.scripts = [turn + [merged]]
-    first = run_episodes(engine, tok, [task], group_size=1, tools={"code": Tool()}, cfg=cfg.model_copy(update={"max_turns": 1}), greedy=True)[0]
+    first = run_episodes(
+        engine,
+        tok,
+        [task],
+        group_size=1,
+        tools={"code": Tool()},
+        cfg=cfg.model_copy(update={"max_turns": 1}),
+        greedy=True,
+    )[0]
     assert seen == ["print(6*7)"]
     assert first.completion_ids[: len(turn) + 1] == turn + [merged]
-    observation = first.completion_ids[len(turn) + 1:]
-    assert observation == encode(tok, "<interpreter>42\n</interpreter>") and first.tool_mask == [1] * (len(turn) + 1) + [0] * len(observation)
+    observation = first.completion_ids[len(turn) + 1 :]
+    assert observation == encode(tok, "<interpreter>42\n</interpreter>") and first.tool_mask == [1] * (
+        len(turn) + 1
+    ) + [0] * len(observation)
     assert first.prompt_ids == prompt_ids(tok, task, "Use tools.")
 
 
@@ -115,19 +133,25 @@ def test_the_loop_reads_the_call_before_a_tag_that_ends_inside_a_token(split_pol
 def test_turn_stops_use_ids_for_single_token_tags_and_strings_otherwise(warm_policy, split_policy):
     scratch, split = TurnStops.of(warm_policy.tokenizer), TurnStops.of(split_policy.tokenizer)
     assert scratch.strings == () and {warm_policy.tokenizer.convert_tokens_to_ids(CODE_CLOSE)} <= scratch.ids
-    assert split.strings == TURN_STOPS and split.ids == {split_policy.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert split.strings == TURN_STOPS and split.ids == {
+        split_policy.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
+    }
     assert TurnStops.of(warm_policy.tokenizer, fast=False).strings == TURN_STOPS
 
 
 def test_prompts_go_through_the_chat_template(warm_policy, split_policy):
     task = warm_policy.tasks[0]
     assert warm_policy.tokenizer.chat_template == PLAIN_TEMPLATE
-    assert render_prompt(warm_policy.tokenizer, task, None) == task["prompt"]  # scratch without a system prompt: the task's text
+    assert (
+        render_prompt(warm_policy.tokenizer, task, None) == task["prompt"]
+    )  # scratch without a system prompt: the task's text
     text = render_prompt(split_policy.tokenizer, task, "Tools: {tools}.")
     assert text.startswith("<|im_start|>system\nTools: to run Python, write the program between <code> and </code>")
     assert text.endswith(f"<|im_start|>user\n{task['prompt']}<|im_end|>\n<|im_start|>assistant\n")
     ids = prompt_ids(split_policy.tokenizer, task, None)
-    assert ids[0] == split_policy.tokenizer.convert_tokens_to_ids("<|im_start|>")  # the template's markers are single special ids
+    assert ids[0] == split_policy.tokenizer.convert_tokens_to_ids(
+        "<|im_start|>"
+    )  # the template's markers are single special ids
 
 
 def test_the_fast_path_and_the_string_path_give_the_same_episodes(warm_policy, micro_cfg):
@@ -136,12 +160,23 @@ def test_the_fast_path_and_the_string_path_give_the_same_episodes(warm_policy, m
     tasks = [t for f in FAMILIES for t in warm_policy.tasks if t["family"] == f][:12]
     episodes = {}
     for fast in (True, False):
-        loop = _Loop(warm_policy.tokenizer, warm_policy.tools, micro_cfg.rollout, Sampling.of(micro_cfg.rollout), fast_stops=fast)
+        loop = _Loop(
+            warm_policy.tokenizer, warm_policy.tools, micro_cfg.rollout, Sampling.of(micro_cfg.rollout), fast_stops=fast
+        )
         from training.rollout import Episode
         from training.sampling_keys import episode_seed
 
-        eps = [Episode(task=t, group_id=t["task_id"], sample_index=k, prompt_ids=prompt_ids(warm_policy.tokenizer, t, None),
-                       seed=episode_seed("seed=5", t["task_id"], k)) for t in tasks for k in range(2)]
+        eps = [
+            Episode(
+                task=t,
+                group_id=t["task_id"],
+                sample_index=k,
+                prompt_ids=prompt_ids(warm_policy.tokenizer, t, None),
+                seed=episode_seed("seed=5", t["task_id"], k),
+            )
+            for t in tasks
+            for k in range(2)
+        ]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(2) as pool:
@@ -164,7 +199,9 @@ def split_vllm(split_policy, micro_cfg):
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
 def test_split_tag_rollouts_are_token_exact(kind, family, split_policy, micro_cfg, tmp_path, request):
     cfg = micro_cfg.rollout.model_copy(update={"system_prompt": "Answer in <answer></answer>."})
-    engine = HFEngine(split_policy.model, split_policy.tokenizer) if kind == "hf" else request.getfixturevalue("split_vllm")
+    engine = (
+        HFEngine(split_policy.model, split_policy.tokenizer) if kind == "hf" else request.getfixturevalue("split_vllm")
+    )
     episodes = check_token_exact(engine, split_policy, family, cfg, tmp_path, {"hf": 1e-4, "vllm": 1e-3}[kind])
     assert all(len(encode(split_policy.tokenizer, close)) > 1 for close in TURN_STOPS)
     assert any(e.stop_reason == "answer" for e in episodes)

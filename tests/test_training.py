@@ -1,10 +1,13 @@
 import pytest
 import torch
 
+from configs.schema import EngineConfig, RewardConfig, TeacherConfig
 from environments.arithmetic import generate_tasks
 from environments.tools import CodeInterpreter, toolbox
-from training.rl_loop import Sample, informative_groups, policy_loss_fn, run_update, train_round
+from training.algorithms import resolve_algorithm
+from training.engines import build_engine
 from training.model import build_model
+from training.rl_loop import Sample, informative_groups, policy_loss_fn, run_update, train_round
 from training.rl_math import get_advantage_estimator, token_logprobs
 from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
@@ -12,11 +15,7 @@ from training.scoring import episode_record
 from training.sequences import collate, completion_logits
 from training.sft import Example, sft_loss, train_sft, warmup_cosine
 from training.trajectories import build_sft_trajectories
-from configs.schema import EngineConfig, RewardConfig
-from training.algorithms import resolve_algorithm
-from training.engines import build_engine
 from verifiers.cascade import Cascade
-from configs.schema import TeacherConfig
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +86,24 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     negative one falls (the sign of the policy gradient, end to end through the real model)."""
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=1)
-    episodes = run_episodes(HFEngine(policy), tok, tasks[:1], group_size=2, tools=toolbox(CodeInterpreter(sandbox)), cfg=micro_cfg.rollout, generator=torch.Generator().manual_seed(0))
+    episodes = run_episodes(
+        HFEngine(policy),
+        tok,
+        tasks[:1],
+        group_size=2,
+        tools=toolbox(CodeInterpreter(sandbox)),
+        cfg=micro_cfg.rollout,
+        generator=torch.Generator().manual_seed(0),
+    )
     records = [episode_record(e, round_index=1, step=1, policy_version="t", tokenizer=tok) for e in episodes]
 
     def seq_logprob():
-        batch = collate([r["prompt_ids"] for r in records], [r["completion_ids"] for r in records], [r["tool_mask"] for r in records], tok.eos_token_id)
+        batch = collate(
+            [r["prompt_ids"] for r in records],
+            [r["completion_ids"] for r in records],
+            [r["tool_mask"] for r in records],
+            tok.eos_token_id,
+        )
         with torch.no_grad():
             return (token_logprobs(completion_logits(policy, batch), batch.completion_ids) * batch.loss_mask).sum(-1)
 
@@ -100,8 +112,15 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     # kl_coef = 0: no reference model at all (None), as rl_round does
     engine = build_engine(policy, EngineConfig(), lr=1e-2, grad_clip=1.0)
     samples = [Sample(r, [a] * len(r["completion_ids"]), r["logprobs"]) for r, a in zip(records, (1.0, -1.0))]
-    metrics = run_update(engine, samples, policy_loss_fn(engine, resolve_algorithm(rl), temperature=1.0, pad_id=tok.eos_token_id, max_tokens=160),
-                         minibatches=1, micro_batch_size=None, generator=torch.Generator().manual_seed(0), prefix="actor")
+    metrics = run_update(
+        engine,
+        samples,
+        policy_loss_fn(engine, resolve_algorithm(rl), temperature=1.0, pad_id=tok.eos_token_id, max_tokens=160),
+        minibatches=1,
+        micro_batch_size=None,
+        generator=torch.Generator().manual_seed(0),
+        prefix="actor",
+    )
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
     assert {"loss/policy", "actor/entropy", "actor/grad_norm", "actor/clip_frac"} <= set(metrics)
@@ -113,13 +132,32 @@ def test_train_round_logs_every_step(tokenizer_and_tasks, micro_cfg, sandbox, ag
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2)
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2).requires_grad_(False)
     rl = micro_cfg.rl.model_copy(update={"loss_agg_mode": agg_mode})
-    result = train_round(policy, reference, tok, tasks, toolbox(CodeInterpreter(sandbox)), rl=rl, rollout=micro_cfg.rollout,
-                         cascade=Cascade(RewardConfig(), sandbox), round_index=1, policy_version="t", seed=0)
+    result = train_round(
+        policy,
+        reference,
+        tok,
+        tasks,
+        toolbox(CodeInterpreter(sandbox)),
+        rl=rl,
+        rollout=micro_cfg.rollout,
+        cascade=Cascade(RewardConfig(), sandbox),
+        round_index=1,
+        policy_version="t",
+        seed=0,
+    )
     n = micro_cfg.rl.steps_per_round * micro_cfg.rl.prompts_per_step * micro_cfg.rl.group_size
     assert len(result.rollouts) == len(result.rewards) == n
     assert [h["step"] for h in result.history] == list(range(1, micro_cfg.rl.steps_per_round + 1))
-    for key in ("reward/total/mean", "reward/total/std", "reward/outcome/pass_rate", "rollout/tool_call_rate", "rollout/completion_len",
-                "reward/format/contribution", "verifier/fast/calls", "verifier/verify/latency_ms"):
+    for key in (
+        "reward/total/mean",
+        "reward/total/std",
+        "reward/outcome/pass_rate",
+        "rollout/tool_call_rate",
+        "rollout/completion_len",
+        "reward/format/contribution",
+        "verifier/fast/calls",
+        "verifier/verify/latency_ms",
+    ):
         assert key in result.history[0]
 
 
@@ -134,8 +172,12 @@ def test_generated_tasks_are_distinct_and_disjoint():
 def test_repeat_rate_counts_trajectories_identical_within_their_group():
     from training.rl_loop import repeat_rate
 
-    rows = [{"group_id": "a", "completion_ids": [1, 2]}, {"group_id": "a", "completion_ids": [1, 2]}, {"group_id": "a", "completion_ids": [3]},
-            {"group_id": "b", "completion_ids": [3]}]
+    rows = [
+        {"group_id": "a", "completion_ids": [1, 2]},
+        {"group_id": "a", "completion_ids": [1, 2]},
+        {"group_id": "a", "completion_ids": [3]},
+        {"group_id": "b", "completion_ids": [3]},
+    ]
     assert repeat_rate(rows) == 0.5 and repeat_rate([]) == 0.0
 
 
@@ -146,13 +188,19 @@ def test_sft_through_deepspeed_matches_torch_and_micro_batching(sft_rows, tokeni
     examples = [Example(r["prompt_ids"], r["completion_ids"], r["tool_mask"]) for r in sft_rows]
     cfg = micro_cfg.sft.model_copy(update={"steps": 4, "log_every": 1, "warmup_steps": 1})
     finals = {}
-    for label, engine in [("torch", EngineConfig()), ("torch-micro4", EngineConfig(micro_batch_size=4)),
-                          ("zero2", EngineConfig(kind="deepspeed", zero_stage=2)), ("zero3", EngineConfig(kind="deepspeed", zero_stage=3))]:
+    for label, engine in [
+        ("torch", EngineConfig()),
+        ("torch-micro4", EngineConfig(micro_batch_size=4)),
+        ("zero2", EngineConfig(kind="deepspeed", zero_stage=2)),
+        ("zero3", EngineConfig(kind="deepspeed", zero_stage=3)),
+    ]:
         model = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=0)
         history = train_sft(model, examples, cfg, pad_id=tok.eos_token_id, seed=0, engine_cfg=engine)
         finals[label] = (torch.cat([p.detach().flatten() for p in model.parameters()]), history)
     reference, history = finals["torch"]
     for label in ("torch-micro4", "zero2", "zero3"):  # ZeRO-3 partitioned the weights; train_sft gives them back whole
         params, other = finals[label]
-        assert (params - reference).abs().max() < 1e-4, label  # fp32 + Adam: see tests/test_engines.py for the tolerance
+        assert (params - reference).abs().max() < 1e-4, (
+            label
+        )  # fp32 + Adam: see tests/test_engines.py for the tolerance
         assert [h["loss/sft"] for h in other] == pytest.approx([h["loss/sft"] for h in history], rel=1e-4)

@@ -20,7 +20,15 @@ from dagster import AssetKey
 REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "test-artifacts" / "ui"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-RL_GROUP = ["rollout_batches", "verified_rewards", "rl_checkpoint", "task_pool", "knowledge_base", "benchmark_scores", "sft_benchmark_scores"]
+RL_GROUP = [
+    "rollout_batches",
+    "verified_rewards",
+    "rl_checkpoint",
+    "task_pool",
+    "knowledge_base",
+    "benchmark_scores",
+    "sft_benchmark_scores",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +43,9 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            raise RuntimeError(
+                f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
@@ -48,7 +58,9 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None
 def _server(cmd: list[str], env: dict, ready_url: str):
     # its own process group: `mlflow ui` starts uvicorn workers and a job runner that outlive a
     # killed parent, so shutdown signals the whole group
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         _wait_http(ready_url, proc)
     except Exception:
@@ -101,8 +113,10 @@ def browser():
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                                                        "--disable-component-update"])
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
         yield chromium
         chromium.close()
 
@@ -111,11 +125,24 @@ def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, brows
     home, outcome = flywheel_home
     port = _free_port()
     env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
-    server = _server([str(Path(sys.executable).parent / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-m", "pipelines.definitions"],
-                     env, f"http://127.0.0.1:{port}/server_info")
+    server = _server(
+        [
+            str(Path(sys.executable).parent / "dagster-webserver"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-m",
+            "pipelines.definitions",
+        ],
+        env,
+        f"http://127.0.0.1:{port}/server_info",
+    )
     try:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.goto(f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle")  # global lineage: one node per group
+        page.goto(
+            f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle"
+        )  # global lineage: one node per group
         page.get_by_text("benchmark", exact=True).first.wait_for(timeout=60_000)
         _dismiss_welcome(page)
         text = page.inner_text("body")
@@ -144,8 +171,22 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, br
     home, outcome = flywheel_home
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    server = _server([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-                      "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], env, f"http://127.0.0.1:{port}/health")
+    server = _server(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "ui",
+            "--backend-store-uri",
+            f"sqlite:///{home}/mlflow.db",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env,
+        f"http://127.0.0.1:{port}/health",
+    )
     try:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         # Not "networkidle": the MLflow UI's first load on a busy CI machine (a cold, large bundle)
@@ -180,8 +221,9 @@ def _materialized(home: Path, key: str, partition: str | None = None) -> bool:
     from dagster import AssetRecordsFilter, DagsterInstance
 
     with DagsterInstance.from_config(str(home / "dagster")) as instance:
-        records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[partition] if partition else None),
-                                                  limit=1).records
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[partition] if partition else None), limit=1
+        ).records
     return bool(records)
 
 
@@ -197,15 +239,29 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
     env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
     env.pop("MLFLOW_TRACKING_URI", None)
     # `dagster dev` (what `make dagster-ui` runs): the webserver queues the run, its daemon starts it
-    server = _server([str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "pipelines.definitions"],
-                     env, f"http://127.0.0.1:{port}/server_info")
+    server = _server(
+        [
+            str(Path(sys.executable).parent / "dagster"),
+            "dev",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-m",
+            "pipelines.definitions",
+        ],
+        env,
+        f"http://127.0.0.1:{port}/server_info",
+    )
     try:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/foundation", wait_until="networkidle")
         _dismiss_welcome(page)
         page.get_by_role("button", name="Materialize all").first.click()
         foundation = _finished_run(home, "foundation")
-        assert foundation.status == DagsterRunStatus.SUCCESS, f"foundation run {foundation.run_id} ended {foundation.status}"
+        assert foundation.status == DagsterRunStatus.SUCCESS, (
+            f"foundation run {foundation.run_id} ended {foundation.status}"
+        )
         for key in ("training_tasks", "sft_checkpoint", "sft_benchmark_scores"):
             assert _materialized(home, key), key
         page.goto(f"http://127.0.0.1:{port}/runs/{foundation.run_id}", wait_until="networkidle")
@@ -213,17 +269,23 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
         page.screenshot(path=str(SHOTS / "dagster-foundation-run.png"))
 
         # the next round: a new rl_round partition added in the launch dialog, then one run
-        page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/rl_round_job", wait_until="networkidle")
+        page.goto(
+            f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/rl_round_job", wait_until="networkidle"
+        )
         page.get_by_role("button", name="Materialize all").first.click()
         page.get_by_text("Add a partition").click()
         page.get_by_placeholder("name").fill("1")
         page.get_by_role("button", name="Save").click()
         launch = page.get_by_role("button", name="Launch 1 run")
         try:
-            launch.wait_for(timeout=180_000)  # the new partition is added, then selected (slow on a loaded 2-core CI machine)
+            launch.wait_for(
+                timeout=180_000
+            )  # the new partition is added, then selected (slow on a loaded 2-core CI machine)
         except Exception as exc:
             page.screenshot(path=str(SHOTS / "dagster-round-launch-failed.png"))
-            raise AssertionError(f"no 'Launch 1 run' after adding partition 1; the page says: {page.inner_text('body')[-1500:]}") from exc
+            raise AssertionError(
+                f"no 'Launch 1 run' after adding partition 1; the page says: {page.inner_text('body')[-1500:]}"
+            ) from exc
         page.screenshot(path=str(SHOTS / "dagster-round-launch.png"))
         launch.click()
         round_run = _finished_run(home, "rl_round_job")

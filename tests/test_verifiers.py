@@ -46,8 +46,6 @@ def test_protocol_parsing():
     assert not is_well_formed([])
 
 
-
-
 @pytest.mark.parametrize("text", ["1e9999999", "3/1e9999999", "1e-9999999", "1/2/3", "1/0"])
 def test_parse_number_refuses_huge_exponents_and_odd_fractions(text):
     assert parse_number(text) is None

@@ -11,8 +11,17 @@ import pytest
 from configs import load_profile
 from configs.schema import RewardConfig, TeacherConfig
 from environments import families
-from environments.arithmetic import (DEFAULT_LEVELS, LEVELS, STORIES, WORD_LEVEL, demonstrate, evaluate, generate_tasks,
-                                     make_expression, make_word_problem)
+from environments.arithmetic import (
+    DEFAULT_LEVELS,
+    LEVELS,
+    STORIES,
+    WORD_LEVEL,
+    demonstrate,
+    evaluate,
+    generate_tasks,
+    make_expression,
+    make_word_problem,
+)
 from environments.contamination import overlaps
 from environments.families import build_tools
 from environments.family import get_family
@@ -38,7 +47,9 @@ def numbers_in(text: str) -> list[int]:
 def test_level_5_is_listed_but_opt_in():
     assert LEVELS == get_family("arithmetic").levels == (1, 2, 3, 4, 5) and DEFAULT_LEVELS == (1, 2, 3, 4)
     assert {t["level"] for t in generate_tasks(400, seed=0, split="train")} == set(DEFAULT_LEVELS)
-    assert {t["level"] for t in families.generate_tasks("arithmetic", 400, seed=0, split="train")} == set(DEFAULT_LEVELS)
+    assert {t["level"] for t in families.generate_tasks("arithmetic", 400, seed=0, split="train")} == set(
+        DEFAULT_LEVELS
+    )
     for profile in ("tiny", "micro"):  # tiny names levels 1-4; micro names none (the default)
         levels = load_profile(profile).data.families["arithmetic"].levels
         assert WORD_LEVEL not in (levels or get_family("arithmetic").all_default_levels())
@@ -78,7 +89,9 @@ def test_there_is_no_expression_to_copy(tasks):
 def test_deterministic_by_seed():
     again = generate_tasks(200, seed=3, split="train", levels=(WORD_LEVEL,))
     assert again == generate_tasks(200, seed=3, split="train", levels=(WORD_LEVEL,))
-    assert [t["prompt"] for t in again] != [t["prompt"] for t in generate_tasks(200, seed=4, split="train", levels=(WORD_LEVEL,))]
+    assert [t["prompt"] for t in again] != [
+        t["prompt"] for t in generate_tasks(200, seed=4, split="train", levels=(WORD_LEVEL,))
+    ]
     assert make_word_problem(random.Random(9)) == make_word_problem(random.Random(9))
 
 
@@ -88,7 +101,9 @@ LEVEL_SHAPES = {1: r"\d{2}\+\d", 2: r"\d{2}[-+]\d{2}", 3: r"\d{2}\*\d{2}", 4: r"
 def test_word_problem_ids_never_meet_levels_1_to_4():
     """Ids hash the expression on every level, so no level-5 expression may have a level 1-4 shape."""
     rng = random.Random(0)
-    assert all(re.fullmatch(shape, make_expression(level, rng)) for level, shape in LEVEL_SHAPES.items() for _ in range(50))
+    assert all(
+        re.fullmatch(shape, make_expression(level, rng)) for level, shape in LEVEL_SHAPES.items() for _ in range(50)
+    )
     for t in generate_tasks(3000, seed=5, split="train", levels=(WORD_LEVEL,)):
         expression = json.loads(t["metadata"])["expression"]
         assert not any(re.fullmatch(shape, expression) for shape in LEVEL_SHAPES.values()), expression
@@ -98,17 +113,27 @@ def test_benchmark_and_training_word_problems_are_disjoint():
     """The blocking contamination check passes on generated level-5 data: a sibling story (same
     template, other numbers) shares long runs of template text but is not a copy."""
     benchmark = generate_tasks(1200, seed=BENCHMARK_SEED, split="benchmark", levels=(WORD_LEVEL,))
-    training = generate_tasks(6000, seed=0, split="train", levels=(WORD_LEVEL,), exclude_ids=frozenset(t["task_id"] for t in benchmark))
+    training = generate_tasks(
+        6000, seed=0, split="train", levels=(WORD_LEVEL,), exclude_ids=frozenset(t["task_id"] for t in benchmark)
+    )
     assert overlaps(benchmark, training) == []
 
 
 def test_a_pasted_story_is_still_contamination():
     story = generate_tasks(1, seed=11, split="benchmark", levels=(WORD_LEVEL,))[0]
-    pasted = {"task_id": "mine-1", "prompt": "Read this and answer. " + story["prompt"].replace("How many", "Then say how many")}
-    assert overlaps([story], [pasted]) == [{"benchmark_id": story["task_id"], "training_id": "mine-1", "how": "shared 13-word run"}]
+    pasted = {
+        "task_id": "mine-1",
+        "prompt": "Read this and answer. " + story["prompt"].replace("How many", "Then say how many"),
+    }
+    assert overlaps([story], [pasted]) == [
+        {"benchmark_id": story["task_id"], "training_id": "mine-1", "how": "shared 13-word run"}
+    ]
     # the same story with two numbers in each other's roles is another question with another answer
     a, b = numbers_in(json.loads(story["metadata"])["expression"])[:2]
-    swapped = {"task_id": "mine-2", "prompt": re.sub(rf"\b({a}|{b})\b", lambda m: str(b if m.group() == str(a) else a), story["prompt"])}
+    swapped = {
+        "task_id": "mine-2",
+        "prompt": re.sub(rf"\b({a}|{b})\b", lambda m: str(b if m.group() == str(a) else a), story["prompt"]),
+    }
     assert swapped["prompt"] != story["prompt"]
     assert overlaps([story], [swapped]) == []
 
@@ -121,12 +146,22 @@ def test_direct_answers_are_near_misses_and_tool_calls_print_the_expression(task
         assert direct.strategy == "direct" and not direct.correct and direct.answer != t["answer"]
         assert len(direct.answer) == len(t["answer"])  # one digit off: plausible, not random
         tool = demonstrate(t, rng=rng, p_direct=0.0, hard_levels=(3, 4))
-        assert tool.correct and tool.answer == t["answer"] and [(s.tool, s.args) for s in tool.steps] == [("code", f"print({expression})")]
+        assert (
+            tool.correct
+            and tool.answer == t["answer"]
+            and [(s.tool, s.args) for s in tool.steps] == [("code", f"print({expression})")]
+        )
 
 
 def test_alternative_detour_is_the_first_operation():
-    task = {"task_id": "x", "family": "arithmetic", "level": WORD_LEVEL, "prompt": "...\n", "answer": "1020",
-            "metadata": json.dumps({"expression": "(47+38)*12"})}
+    task = {
+        "task_id": "x",
+        "family": "arithmetic",
+        "level": WORD_LEVEL,
+        "prompt": "...\n",
+        "answer": "1020",
+        "metadata": json.dumps({"expression": "(47+38)*12"}),
+    }
     steps = get_family("arithmetic").detour_steps(task, "alternatives", random.Random(0), None)
     assert [(s.args, s.trained) for s in steps] == [("print(47+38)", False)]
 
@@ -137,8 +172,13 @@ def test_teacher_demonstrations_verify_through_the_interpreter_and_math_verifier
     word = generate_tasks(40, seed=5, split="train", levels=(WORD_LEVEL,))
     mixed = word + generate_tasks(20, seed=5, split="train")
     tok = train_tokenizer(tokenizer_corpus(mixed), 400)
-    rows = build_sft_trajectories(mixed, tok, build_tools(sandbox=sandbox, kb=None), teacher=TeacherConfig(num_trajectories=180), seed=0)
-    records = [{**r, "group_id": r["trajectory_id"], "round": 0, "step": 0, "num_tool_calls": r["completion"].count("</code>")} for r in rows]
+    rows = build_sft_trajectories(
+        mixed, tok, build_tools(sandbox=sandbox, kb=None), teacher=TeacherConfig(num_trajectories=180), seed=0
+    )
+    records = [
+        {**r, "group_id": r["trajectory_id"], "round": 0, "step": 0, "num_tool_calls": r["completion"].count("</code>")}
+        for r in rows
+    ]
     by_id = {t["task_id"]: t for t in mixed}
     scores = score_records(records, by_id, tok, Cascade(RewardConfig(), sandbox, concurrency=2))
     for row, score in zip(rows, scores):
@@ -149,5 +189,8 @@ def test_teacher_demonstrations_verify_through_the_interpreter_and_math_verifier
         task = by_id[r["task_id"]]
         if r["strategy"] == "tool":
             expression = json.loads(task["metadata"])["expression"]
-            assert f"<code>print({expression})</code><interpreter>{task['answer']}\n</interpreter><answer>{task['answer']}</answer>" in r["completion"]
+            assert (
+                f"<code>print({expression})</code><interpreter>{task['answer']}\n</interpreter><answer>{task['answer']}</answer>"
+                in r["completion"]
+            )
         assert task["prompt"] in tok.decode(r["prompt_ids"])  # the scratch tokenizer round-trips the story

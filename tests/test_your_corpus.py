@@ -26,23 +26,38 @@ def test_the_example_corpus_loads_as_documents_with_titles():
 
 
 def test_search_r1_contents_rows_and_parquet_read_too(tmp_path):
-    rows = [{"id": 1, "contents": "\"Tessel\"\nTessel grows glass rice."}, {"id": 2, "contents": "\"Orvin\"\nIts capital is Orvport."}]
+    rows = [
+        {"id": 1, "contents": '"Tessel"\nTessel grows glass rice.'},
+        {"id": 2, "contents": '"Orvin"\nIts capital is Orvport.'},
+    ]
     pd.DataFrame(rows).to_parquet(tmp_path / "c.parquet")
     docs = load_corpus(str(tmp_path / "c.parquet"))
-    assert docs == [{"doc_id": "1", "title": "Tessel", "text": "Tessel grows glass rice."},
-                    {"doc_id": "2", "title": "Orvin", "text": "Its capital is Orvport."}]
+    assert docs == [
+        {"doc_id": "1", "title": "Tessel", "text": "Tessel grows glass rice."},
+        {"doc_id": "2", "title": "Orvin", "text": "Its capital is Orvport."},
+    ]
     assert passage(docs[1]) == "Orvin: Its capital is Orvport." and passage(docs[0]) == "Tessel grows glass rice."
 
 
 def test_a_bad_corpus_names_every_row_and_field(tmp_path):
-    rows = [{"id": "a", "title": "A", "text": "fine"}, {"title": "B", "text": "no id"}, {"id": "c", "title": 3, "text": "x"},
-            {"id": "d", "text": "   "}, {"id": "a", "text": "again"}]
+    rows = [
+        {"id": "a", "title": "A", "text": "fine"},
+        {"title": "B", "text": "no id"},
+        {"id": "c", "title": 3, "text": "x"},
+        {"id": "d", "text": "   "},
+        {"id": "a", "text": "again"},
+    ]
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(TaskFileError) as err:
         load_corpus(str(tmp_path / "c.jsonl"))
     message = str(err.value)
     assert message.startswith(f"corpus file {tmp_path / 'c.jsonl'} has 4 problem(s)")
-    for expected in ("row 2: field 'id'", "row 3: field 'title'", "row 4: field 'text'", "row 5: field 'id': 'a' repeats row 1"):
+    for expected in (
+        "row 2: field 'id'",
+        "row 3: field 'title'",
+        "row 4: field 'text'",
+        "row 5: field 'id': 'a' repeats row 1",
+    ):
         assert expected in message
 
 
@@ -57,13 +72,18 @@ def test_question_files_become_search_tasks_with_aliases_and_their_held_out_rows
 
     assert run_verifier("exact_match", "The port of Mosport", task, {}).score == 1.0  # an alias, normalized
     assert run_verifier("exact_match", "Mosgate", task, {}).score == 0.0
-    assert token_f1("port Mosport", ["Mosport", "the port of Mosport"]) == pytest.approx(0.8)  # best alias: 2 of its 3 words
+    assert token_f1("port Mosport", ["Mosport", "the port of Mosport"]) == pytest.approx(
+        0.8
+    )  # best alias: 2 of its 3 words
     assert token_f1("Mosport city", ["Mosport"]) == pytest.approx(2 / 3) and exact_match("port", ["Mosport"]) == 0.0
 
 
 def test_hotpotqa_and_nq_shapes_and_bad_questions_are_named(tmp_path):
-    rows = [{"_id": "5a8b", "question": "Which island settled first?", "answer": "Quibble", "level": 2},
-            {"question": "Where?", "golden_answers": []}, {"question": "", "golden_answers": ["x"]}]
+    rows = [
+        {"_id": "5a8b", "question": "Which island settled first?", "answer": "Quibble", "level": 2},
+        {"question": "Where?", "golden_answers": []},
+        {"question": "", "golden_answers": ["x"]},
+    ]
     (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:1]))
     df = load_task_file(str(tmp_path / "q.jsonl"))
     assert df.iloc[0][["task_id", "family", "level", "answer"]].tolist() == ["5a8b", "search", 2, "Quibble"]
@@ -91,9 +111,21 @@ def test_the_teacher_searches_a_user_question_and_answers_its_gold():
     from environments.families import demonstrations, with_detours
 
     tasks = load_task_file(QUESTIONS).to_dict("records")
-    demos = list(demonstrations("search", tasks, 10, seed=0, teacher=TeacherConfig(), kb=kb_from_rows(corpus_kb_rows(load_corpus(CORPUS)))))
-    assert all(d.strategy == "question" and d.correct and d.steps[0].args == tasks[i]["prompt"].strip() for i, d in enumerate(demos))
-    assert with_detours("search", demos, {t["task_id"]: t for t in tasks}, TeacherConfig(negative_fraction=1.0), seed=0, kb=None) == demos
+    demos = list(
+        demonstrations(
+            "search", tasks, 10, seed=0, teacher=TeacherConfig(), kb=kb_from_rows(corpus_kb_rows(load_corpus(CORPUS)))
+        )
+    )
+    assert all(
+        d.strategy == "question" and d.correct and d.steps[0].args == tasks[i]["prompt"].strip()
+        for i, d in enumerate(demos)
+    )
+    assert (
+        with_detours(
+            "search", demos, {t["task_id"]: t for t in tasks}, TeacherConfig(negative_fraction=1.0), seed=0, kb=None
+        )
+        == demos
+    )
 
 
 @pytest.mark.slow
@@ -103,7 +135,9 @@ def test_a_flywheel_searches_the_given_documents(tmp_path, monkeypatch):
     from pipelines.run import run_flywheel
 
     # enough SFT for the micro model to call the search tool in its own rollouts
-    outcome = run_flywheel("micro", {"data.corpus_file": CORPUS, "data.task_file": QUESTIONS, "sft.steps": 150, "sft.learning_rate": 3e-3})
+    outcome = run_flywheel(
+        "micro", {"data.corpus_file": CORPUS, "data.task_file": QUESTIONS, "sft.steps": 150, "sft.learning_rate": 3e-3}
+    )
     assert len(outcome["rounds"]) == 1 and "search" in outcome["gains"]
     stored = tmp_path / "fw" / "artifacts" / "assets"
     kb = pd.read_parquet(stored / "knowledge_base" / "all.parquet")
@@ -112,13 +146,20 @@ def test_a_flywheel_searches_the_given_documents(tmp_path, monkeypatch):
     assert len(index) == 24 and (index["self_rank"] == 1).all()
     bench = pd.read_parquet(stored / "benchmark_tasks" / "all.parquet")
     train = pd.read_parquet(stored / "training_tasks" / "all.parquet")
-    assert set(bench[bench["family"] == "search"]["task_id"]) == set(load_task_file(QUESTIONS).query("split == 'benchmark'")["task_id"])
+    assert set(bench[bench["family"] == "search"]["task_id"]) == set(
+        load_task_file(QUESTIONS).query("split == 'benchmark'")["task_id"]
+    )
     assert set(train["family"]) == {"search"} and not set(train["task_id"]) & set(bench["task_id"])
     passages = {passage(d) for d in load_corpus(CORPUS)}
     sft = pd.read_parquet(stored / "sft_trajectories" / "all.parquet")
     taught = [obs.split("</information>")[0] for text in sft["completion"] for obs in text.split("<information>")[1:]]
     rollouts = pd.read_parquet(stored / "rollout_batches" / "1.parquet")
-    searched = [c["result"] for calls in rollouts["tool_calls"] for c in json.loads(calls) if c["name"] == "search" and not c["error"]]
+    searched = [
+        c["result"]
+        for calls in rollouts["tool_calls"]
+        for c in json.loads(calls)
+        if c["name"] == "search" and not c["error"]
+    ]
     assert taught and searched
     for observation in taught + searched:  # every passage the tool returned is one of the given documents
         assert all(p in passages for p in _passages(observation, passages)), observation

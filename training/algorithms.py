@@ -59,7 +59,10 @@ _preset("dr_grpo", Algorithm("dr_grpo", "ppo_clip", "seq_mean_token_sum_norm", 0
 _preset("rloo", Algorithm("rloo", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False))
 # REINFORCE++ (Hu 2025): batch-whitened return, k1 KL in the reward (OpenRLHF's default), PPO clip.
 _preset("reinforce_pp", Algorithm("reinforce_pp", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False))
-_preset("reinforce_pp_baseline", Algorithm("reinforce_pp_baseline", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False))
+_preset(
+    "reinforce_pp_baseline",
+    Algorithm("reinforce_pp_baseline", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False),
+)
 # DAPO (Yu et al. 2025): clip-higher 0.28, token-level loss, dynamic sampling, overlong shaping
 # (our reward's `overlong` term), and no KL term at all.
 _preset("dapo", Algorithm("grpo", "ppo_clip", "token_mean", 0.2, 0.28, 0.0, "k3", "loss", True))
@@ -87,10 +90,16 @@ def resolve_algorithm(rl: RLConfig) -> Algorithm:
 
 
 def _check(algorithm: Algorithm, name: str) -> None:
-    for field_name, registry in (("policy_loss", POLICY_LOSSES), ("loss_agg_mode", AGG_MODES), ("kl_estimator", KL_ESTIMATORS)):
+    for field_name, registry in (
+        ("policy_loss", POLICY_LOSSES),
+        ("loss_agg_mode", AGG_MODES),
+        ("kl_estimator", KL_ESTIMATORS),
+    ):
         value = getattr(algorithm, field_name)
         if value not in registry:
-            raise ValueError(f"rl.{field_name}={value!r} (algorithm {name!r}) is not registered; available: {', '.join(registry.names())}")
+            raise ValueError(
+                f"rl.{field_name}={value!r} (algorithm {name!r}) is not registered; available: {', '.join(registry.names())}"
+            )
     if algorithm.advantage_estimator != "gae" and algorithm.advantage_estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"rl.advantage_estimator={algorithm.advantage_estimator!r} is not registered")
     if algorithm.kl_placement not in ("loss", "reward"):

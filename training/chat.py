@@ -15,16 +15,20 @@ from __future__ import annotations
 from environments.family import tools_of
 from verifiers.protocol import ANSWER_CLOSE, ANSWER_OPEN, OBSERVATION_TAGS, TOOL_TAGS
 
-PLAIN_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}"
-                  "{% if message['role'] == 'system' %}{{ '\\n' }}{% endif %}{% endfor %}")
+PLAIN_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] }}"
+    "{% if message['role'] == 'system' %}{{ '\\n' }}{% endif %}{% endfor %}"
+)
 
 TOOL_USES = {
     "code": "to run Python, write the program between {open} and {close}; what it prints comes back between {obs_open} and {obs_close}",
     "search": "to search the documents, write a query between {open} and {close}; the best passages come back between {obs_open} and {obs_close}",
 }
 
-DEFAULT_SYSTEM_PROMPT = ("You solve tasks with tools. Tools: {tools}. Call a tool when it helps, read its output, and "
-                         "give the final answer, a value only, as " + ANSWER_OPEN + "…" + ANSWER_CLOSE + ".")
+DEFAULT_SYSTEM_PROMPT = (
+    "You solve tasks with tools. Tools: {tools}. Call a tool when it helps, read its output, and "
+    "give the final answer, a value only, as " + ANSWER_OPEN + "…" + ANSWER_CLOSE + "."
+)
 
 
 def tool_descriptions(family: str) -> str:
@@ -39,14 +43,18 @@ def tool_descriptions(family: str) -> str:
 def messages(task: dict, system_prompt: str | None) -> list[dict[str, str]]:
     chat = [{"role": "user", "content": task["prompt"]}]
     if system_prompt is not None:
-        chat.insert(0, {"role": "system", "content": system_prompt.replace("{tools}", tool_descriptions(task["family"]))})
+        chat.insert(
+            0, {"role": "system", "content": system_prompt.replace("{tools}", tool_descriptions(task["family"]))}
+        )
     return chat
 
 
 def render_prompt(tokenizer, task: dict, system_prompt: str | None) -> str:
     """The prompt's text up to where the policy starts writing (the generation prompt included)."""
     template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
-    return tokenizer.apply_chat_template(messages(task, system_prompt), chat_template=template, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages(task, system_prompt), chat_template=template, tokenize=False, add_generation_prompt=True
+    )
 
 
 def prompt_ids(tokenizer, task: dict, system_prompt: str | None) -> list[int]:

@@ -54,7 +54,15 @@ from dataclasses import dataclass, field
 
 from configs.schema import CollapseConfig
 
-__all__ = ["SIGNALS", "Signal", "CollapseWarning", "CollapseReport", "detect_collapse", "reward_drop_step", "signal_series"]
+__all__ = [
+    "SIGNALS",
+    "Signal",
+    "CollapseWarning",
+    "CollapseReport",
+    "detect_collapse",
+    "reward_drop_step",
+    "signal_series",
+]
 
 ENTROPY = "actor/entropy"
 REWARD_GROUP_STD = "reward/group_std_unsolved"
@@ -140,7 +148,10 @@ class CollapseReport:
         lines = []
         if self.warnings:
             lines += ["| signal | first step | value | threshold | baseline |", "|---|---|---|---|---|"]
-            lines += [f"| `{w.signal}` | {w.first_step} | {_fmt(w.value)} | {_fmt(w.threshold)} | {_fmt(w.baseline)} |" for w in self.warnings]
+            lines += [
+                f"| `{w.signal}` | {w.first_step} | {_fmt(w.value)} | {_fmt(w.threshold)} | {_fmt(w.baseline)} |"
+                for w in self.warnings
+            ]
         else:
             lines.append(f"No collapse warnings over {self.steps} steps.")
         drop = "none" if self.reward_drop_step is None else f"step {self.reward_drop_step}"
@@ -153,18 +164,34 @@ class CollapseReport:
 
     def as_metadata(self) -> dict[str, float | int | str]:
         """Flat keys for an asset check; absent facts (no reward drop) are left out, not set to 0."""
-        meta: dict[str, float | int | str] = {"collapsed": int(self.collapsed), "warnings": len(self.warnings), "steps": self.steps}
-        optional = {"first_warning_step": self.first_warning_step, "reward_drop_step": self.reward_drop_step, "lead_steps": self.lead_steps}
+        meta: dict[str, float | int | str] = {
+            "collapsed": int(self.collapsed),
+            "warnings": len(self.warnings),
+            "steps": self.steps,
+        }
+        optional = {
+            "first_warning_step": self.first_warning_step,
+            "reward_drop_step": self.reward_drop_step,
+            "lead_steps": self.lead_steps,
+        }
         meta.update({k: v for k, v in optional.items() if v is not None})
         if self.warnings:
             meta["signals"] = ", ".join(w.signal for w in self.warnings)
         for w in self.warnings:
-            meta.update({f"{w.signal}/first_step": w.first_step, f"{w.signal}/value": w.value, f"{w.signal}/threshold": w.threshold})
+            meta.update(
+                {
+                    f"{w.signal}/first_step": w.first_step,
+                    f"{w.signal}/value": w.value,
+                    f"{w.signal}/threshold": w.threshold,
+                }
+            )
             if w.baseline is not None:
                 meta[f"{w.signal}/baseline"] = w.baseline
         if self.notes:
             meta["notes"] = "; ".join(self.notes)
-        return {k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in meta.items()}  # "nan": JSON-safe
+        return {
+            k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in meta.items()
+        }  # "nan": JSON-safe
 
 
 def _fmt(x: float | None) -> str:
@@ -192,7 +219,9 @@ def signal_series(history: Sequence[Mapping], key: str) -> list[tuple[int, float
     return sorted(out, key=lambda p: p[0])
 
 
-def _first_run(points: Sequence[tuple[int, float]], past: Callable[[float], bool], window: int) -> tuple[int, float] | None:
+def _first_run(
+    points: Sequence[tuple[int, float]], past: Callable[[float], bool], window: int
+) -> tuple[int, float] | None:
     """The (step, value) completing the first run of `window` consecutive points past the threshold."""
     run = 0
     for step, value in points:
@@ -202,7 +231,9 @@ def _first_run(points: Sequence[tuple[int, float]], past: Callable[[float], bool
     return None
 
 
-def _check(signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig, notes: list[str], short: list[str]) -> CollapseWarning | None:
+def _check(
+    signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig, notes: list[str], short: list[str]
+) -> CollapseWarning | None:
     rule, param = _RULES[signal.rule], getattr(cfg, signal.param)
     finite = [(s, v) for s, v in series if math.isfinite(v)]
     nonfinite = next(((s, v) for s, v in series if not math.isfinite(v)), None) if signal.nonfinite_fires else None
@@ -218,7 +249,11 @@ def _check(signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig,
         baseline = sum(v for _, v in finite[: cfg.baseline_steps]) / cfg.baseline_steps
         threshold = rule.threshold(baseline, param)
         if rule.multiplicative and abs(baseline) <= _NEAR_ZERO:
-            what = "the round never had reward spread to learn from" if signal.key == REWARD_GROUP_STD else "no relative threshold"
+            what = (
+                "the round never had reward spread to learn from"
+                if signal.key == REWARD_GROUP_STD
+                else "no relative threshold"
+            )
             notes.append(f"{signal.key}: baseline ~0 ({baseline:.3g}): {what}")
         elif signal.key == STUCK_FRAC and threshold >= 1.0:  # a fraction: past 1 it can never fire
             notes.append(f"{signal.key}: baseline {baseline:.3g} + {param:g} >= 1, cannot fire")
@@ -227,11 +262,19 @@ def _check(signal: Signal, series: list[tuple[int, float]], cfg: CollapseConfig,
 
     if nonfinite and (run is None or nonfinite[0] <= run[0]):
         step, value = nonfinite
-        return CollapseWarning(signal.key, step, value, threshold, baseline, f"{signal.key} is {value} at step {step}: the update diverged")
+        return CollapseWarning(
+            signal.key, step, value, threshold, baseline, f"{signal.key} is {value} at step {step}: the update diverged"
+        )
     if run is None:
         return None
     step, value = run
-    bound = f"{param:g} × baseline {baseline:.4g} = " if rule.multiplicative else f"baseline {baseline:.4g} + {param:g} = " if rule.relative else ""
+    bound = (
+        f"{param:g} × baseline {baseline:.4g} = "
+        if rule.multiplicative
+        else f"baseline {baseline:.4g} + {param:g} = "
+        if rule.relative
+        else ""
+    )
     message = f"{signal.key} {rule.symbol} {bound}{threshold:.4g} for {window} consecutive step(s), up to step {step} ({value:.4g})"
     return CollapseWarning(signal.key, step, value, threshold, baseline, message)
 
@@ -247,7 +290,10 @@ def detect_collapse(history: Sequence[Mapping], cfg: CollapseConfig) -> Collapse
         if (w := _check(signal, series, cfg, notes, short)) is not None:
             warnings.append(w)
     if short:
-        notes.append(f"too few steps for relative signals (need baseline_steps + window = {cfg.baseline_steps + cfg.window}): " + ", ".join(short))
+        notes.append(
+            f"too few steps for relative signals (need baseline_steps + window = {cfg.baseline_steps + cfg.window}): "
+            + ", ".join(short)
+        )
     if absent:
         notes.append("not recorded: " + ", ".join(absent))
     warnings.sort(key=lambda w: w.first_step)
@@ -260,8 +306,15 @@ def detect_collapse(history: Sequence[Mapping], cfg: CollapseConfig) -> Collapse
     )
 
 
-def reward_drop_step(history: Sequence[Mapping], *, baseline_steps: int, drop: float = 0.2, window: int = 3,
-                     near_zero: float = 0.05, key: str = REWARD) -> int | None:
+def reward_drop_step(
+    history: Sequence[Mapping],
+    *,
+    baseline_steps: int,
+    drop: float = 0.2,
+    window: int = 3,
+    near_zero: float = 0.05,
+    key: str = REWARD,
+) -> int | None:
     """The first step after the baseline where the reward's trailing mean (over the last `window`
     recorded values, fewer at the start) falls below the baseline mean b by `drop`:
 

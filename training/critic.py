@@ -35,6 +35,8 @@ def critic_from_policy(policy, device: torch.device | str | None = None) -> torc
 def token_values(critic, batch: Batch) -> torch.Tensor:
     """V(state before each completion token): (B, C), aligned with `completion_logits`. `batch`
     on the critic's device; no KV cache (nothing is decoded from it)."""
-    out = critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False)
+    out = critic(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+    )
     P, C = batch.prompt_width, batch.completion_ids.shape[1]
     return out.logits[:, P - 1 : P + C - 1, 0].float()

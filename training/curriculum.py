@@ -39,8 +39,18 @@ def update_history(history: Iterable[Mapping], rewards: Iterable[Mapping], round
         if outcome is None or (isinstance(outcome, float) and math.isnan(outcome)):
             continue
         task_id = str(r["task_id"])
-        h = out.setdefault(task_id, {"task_id": task_id, "family": r.get("family", ""), "level": int(r.get("level", 0)),
-                                     "attempts": 0, "successes": 0.0, "rounds": 0, "last_round": 0})
+        h = out.setdefault(
+            task_id,
+            {
+                "task_id": task_id,
+                "family": r.get("family", ""),
+                "level": int(r.get("level", 0)),
+                "attempts": 0,
+                "successes": 0.0,
+                "rounds": 0,
+                "last_round": 0,
+            },
+        )
         h["attempts"] += 1
         h["successes"] += float(outcome)
         if task_id not in seen_now:
@@ -85,8 +95,24 @@ def pool_frame(history: Mapping[str, Mapping], tasks: list[dict], cfg: Curriculu
     """Every training task with its history (zeros when never tried) and its next-round weight."""
     rows = []
     for t in tasks:
-        h = history.get(t["task_id"]) or {"attempts": 0, "successes": 0.0, "pass_rate": float("nan"), "rounds": 0, "last_round": 0}
-        rows.append({"task_id": t["task_id"], "family": t["family"], "level": int(t["level"]), "attempts": int(h["attempts"]),
-                     "successes": float(h["successes"]), "pass_rate": float(h["pass_rate"]), "rounds": int(h["rounds"]),
-                     "last_round": int(h["last_round"]), "weight": task_weight(h if h["attempts"] else None, cfg) if cfg.enabled else 1.0})
+        h = history.get(t["task_id"]) or {
+            "attempts": 0,
+            "successes": 0.0,
+            "pass_rate": float("nan"),
+            "rounds": 0,
+            "last_round": 0,
+        }
+        rows.append(
+            {
+                "task_id": t["task_id"],
+                "family": t["family"],
+                "level": int(t["level"]),
+                "attempts": int(h["attempts"]),
+                "successes": float(h["successes"]),
+                "pass_rate": float(h["pass_rate"]),
+                "rounds": int(h["rounds"]),
+                "last_round": int(h["last_round"]),
+                "weight": task_weight(h if h["attempts"] else None, cfg) if cfg.enabled else 1.0,
+            }
+        )
     return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))

@@ -32,8 +32,14 @@ VOCAB_SIZE = 64
 PAD_ID = 0
 LR = 1e-2
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-TINY_MODEL = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64)
+TINY_MODEL = ModelConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -57,14 +63,21 @@ def synthetic_batch(num_rows: int = 8, seed: int = 0) -> list[dict]:
         if i % 2:  # a tool observation in the middle of the completion
             start = int(torch.randint(1, completion_len - 2, (1,), generator=g))
             tool_mask[start : start + 2] = [0, 0]
-        rows.append({"prompt_ids": ids(prompt_len), "completion_ids": ids(completion_len), "tool_mask": tool_mask,
-                     "advantage": float(torch.rand((), generator=g) * 2 - 1)})
+        rows.append(
+            {
+                "prompt_ids": ids(prompt_len),
+                "completion_ids": ids(completion_len),
+                "tool_mask": tool_mask,
+                "advantage": float(torch.rand((), generator=g) * 2 - 1),
+            }
+        )
     return rows
 
 
 def _collate(chunk: list[dict]):
-    return collate([r["prompt_ids"] for r in chunk], [r["completion_ids"] for r in chunk],
-                   [r["tool_mask"] for r in chunk], PAD_ID)
+    return collate(
+        [r["prompt_ids"] for r in chunk], [r["completion_ids"] for r in chunk], [r["tool_mask"] for r in chunk], PAD_ID
+    )
 
 
 def count_fn(chunk: list[dict]) -> Tensor:
@@ -104,36 +117,70 @@ def shape(row: dict) -> tuple[int, int]:
     return len(row["prompt_ids"]), len(row["completion_ids"])
 
 
-def train(engine: TrainEngine, rows: list[dict], *, steps: int, micro_batch_size: int | None, loss: str = "sft",
-          count: CountFn = count_fn, max_tokens: int | None = None, chunk_tokens: int | None = None) -> list[dict[str, float]]:
+def train(
+    engine: TrainEngine,
+    rows: list[dict],
+    *,
+    steps: int,
+    micro_batch_size: int | None,
+    loss: str = "sft",
+    count: CountFn = count_fn,
+    max_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+) -> list[dict[str, float]]:
     """`steps` optimizer steps, each over the whole global batch `rows`, sharded across ranks."""
     engine.train()
     loss_fn = LOSSES[loss](engine.module, chunk_tokens)
     mine = shard(rows, engine.rank, engine.world_size)
-    return [accumulate_step(engine, mine, loss_fn, count, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=shape)
-            for _ in range(steps)]
+    return [
+        accumulate_step(
+            engine, mine, loss_fn, count, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=shape
+        )
+        for _ in range(steps)
+    ]
 
 
 def lr_schedule(step: int) -> float:
     return 1.0 / (1 + step)  # not constant, so a scheduler that is not stepped (or restored) shows
 
 
-def make_engine(cfg: EngineConfig, *, seed: int = 0, lr: float = LR, grad_clip: float = 1.0,
-                dtype: torch.dtype = torch.float32) -> TrainEngine:
+def make_engine(
+    cfg: EngineConfig, *, seed: int = 0, lr: float = LR, grad_clip: float = 1.0, dtype: torch.dtype = torch.float32
+) -> TrainEngine:
     # grad_clip 1.0 is below the first steps' gradient norm (~1.1): clipping is exercised too.
     return build_engine(tiny_model(seed, dtype), cfg, lr=lr, grad_clip=grad_clip, lr_lambda=lr_schedule)
 
 
-def run_check(cfg: EngineConfig, *, steps: int, num_rows: int = 8, loss: str = "sft", seed: int = 0,
-              dtype: torch.dtype = torch.float32) -> tuple[dict, dict[str, Tensor]]:
+def run_check(
+    cfg: EngineConfig,
+    *,
+    steps: int,
+    num_rows: int = 8,
+    loss: str = "sft",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[dict, dict[str, Tensor]]:
     """(JSON-able summary, final full state_dict) of one run; collective over all ranks."""
     engine = make_engine(cfg, seed=seed, dtype=dtype)
-    history = train(engine, synthetic_batch(num_rows, seed), steps=steps, micro_batch_size=cfg.micro_batch_size,
-                    loss=loss, max_tokens=cfg.micro_batch_tokens, chunk_tokens=cfg.logit_chunk_tokens)
+    history = train(
+        engine,
+        synthetic_batch(num_rows, seed),
+        steps=steps,
+        micro_batch_size=cfg.micro_batch_size,
+        loss=loss,
+        max_tokens=cfg.micro_batch_tokens,
+        chunk_tokens=cfg.logit_chunk_tokens,
+    )
     state = engine.model_state_dict()
     summary = {
-        "engine": cfg.kind, "zero_stage": cfg.zero_stage, "micro_batch_size": cfg.micro_batch_size,
-        "world_size": engine.world_size, "steps": steps, "rows": num_rows, "loss": loss, "dtype": str(dtype),
+        "engine": cfg.kind,
+        "zero_stage": cfg.zero_stage,
+        "micro_batch_size": cfg.micro_batch_size,
+        "world_size": engine.world_size,
+        "steps": steps,
+        "rows": num_rows,
+        "loss": loss,
+        "dtype": str(dtype),
         "param_sum": float(sum(v.double().sum() for v in state.values())),
         "checksums": {k: float(v.double().sum()) for k, v in list(state.items())[:4]},
         "history": history,
@@ -148,16 +195,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--offload-optimizer", action="store_true")
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32")
-    parser.add_argument("--logit-chunk-tokens", type=int, default=EngineConfig().logit_chunk_tokens,
-                        help="LM-head tokens at once (small values exercise the chunked, recomputed head)")
+    parser.add_argument(
+        "--logit-chunk-tokens",
+        type=int,
+        default=EngineConfig().logit_chunk_tokens,
+        help="LM-head tokens at once (small values exercise the chunked, recomputed head)",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=8, help="global batch size (odd: ranks get unequal shards)")
     parser.add_argument("--loss", choices=sorted(LOSSES), default="sft")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="float64: torch engine only")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    cfg = EngineConfig(kind=args.engine, zero_stage=args.zero_stage, offload_optimizer=args.offload_optimizer,
-                       micro_batch_size=args.micro_batch_size, precision=args.precision, logit_chunk_tokens=args.logit_chunk_tokens)
+    cfg = EngineConfig(
+        kind=args.engine,
+        zero_stage=args.zero_stage,
+        offload_optimizer=args.offload_optimizer,
+        micro_batch_size=args.micro_batch_size,
+        precision=args.precision,
+        logit_chunk_tokens=args.logit_chunk_tokens,
+    )
     summary, state = run_check(cfg, steps=args.steps, num_rows=args.rows, loss=args.loss, dtype=DTYPES[args.dtype])
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if torch.distributed.is_initialized():

@@ -48,8 +48,10 @@ def check_engine_config(cfg: EngineConfig) -> None:
     if cfg.kind == "torch" and cfg.offload_optimizer:
         raise ValueError("engine.offload_optimizer=True needs engine.kind='deepspeed' (got kind='torch')")
     if cfg.offload_optimizer and cfg.zero_stage == 0:
-        raise ValueError("engine.offload_optimizer=True needs engine.zero_stage >= 1 (got zero_stage=0): "
-                         "optimizer state is only offloaded by a ZeRO optimizer")
+        raise ValueError(
+            "engine.offload_optimizer=True needs engine.zero_stage >= 1 (got zero_stage=0): "
+            "optimizer state is only offloaded by a ZeRO optimizer"
+        )
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> str:
@@ -63,8 +65,15 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     return precision
 
 
-def deepspeed_config(cfg: EngineConfig, *, micro_batch_size: int, grad_accum: int, grad_clip: float,
-                     device: torch.device | str = "cpu", world_size: int = 1) -> dict[str, Any]:
+def deepspeed_config(
+    cfg: EngineConfig,
+    *,
+    micro_batch_size: int,
+    grad_accum: int,
+    grad_clip: float,
+    device: torch.device | str = "cpu",
+    world_size: int = 1,
+) -> dict[str, Any]:
     """The DeepSpeed config dict for `cfg` (pure; what the cluster runs, readable in one place).
 
     Accumulation boundaries are ours, not DeepSpeed's: `managed_gradient_accumulation: false`
@@ -78,8 +87,10 @@ def deepspeed_config(cfg: EngineConfig, *, micro_batch_size: int, grad_accum: in
         # Measured with DeepSpeed 0.19.8: without ZeRO, bf16 wraps our AdamW in
         # FP16_UnfusedOptimizer, whose set-up takes one zero-gradient AdamW step; Adam's bias
         # correction is then a step off and the first real update is 0.74x what it should be.
-        raise ValueError(f"engine.precision={cfg.precision!r} resolves to bf16, which needs engine.zero_stage >= 1 "
-                         "on DeepSpeed (got zero_stage=0; ZeRO-1 on one rank costs nothing extra)")
+        raise ValueError(
+            f"engine.precision={cfg.precision!r} resolves to bf16, which needs engine.zero_stage >= 1 "
+            "on DeepSpeed (got zero_stage=0; ZeRO-1 on one rank costs nothing extra)"
+        )
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.device(device).type == "cuda"}
@@ -138,7 +149,15 @@ def clear_stale_extension_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[P
     return removed
 
 
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")  # a process group's address and place
+DIST_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+)  # a process group's address and place
 
 
 def ensure_process_env() -> None:
@@ -146,8 +165,7 @@ def ensure_process_env() -> None:
     on a free local port, so DeepSpeed (which always wants a process group) starts anyway."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
 
 def _backend(device: torch.device) -> str:
@@ -168,8 +186,10 @@ def resolve_device(device: torch.device | str) -> torch.device:
     error naming the setting, never a silent CPU run."""
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} but CUDA is not available here (torch {torch.__version__}, "
-                         "torch.cuda.is_available() is False): set `device: cpu` or run on a GPU node")
+        raise ValueError(
+            f"device={str(device)!r} but CUDA is not available here (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False): set `device: cpu` or run on a GPU node"
+        )
     return resolved
 
 
@@ -264,9 +284,18 @@ class TorchEngine(TrainEngine):
     """Plain torch AdamW. Under torchrun (WORLD_SIZE > 1) gradients are SUMMED over ranks in
     step(), which is exactly the contract's gradient, with nothing to undo."""
 
-    def __init__(self, model: torch.nn.Module, params: list[torch.nn.Parameter], *, precision: str, lr: float,
-                 betas: tuple[float, float], weight_decay: float, grad_clip: float,
-                 lr_lambda: Callable[[int], float]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        params: list[torch.nn.Parameter],
+        *,
+        precision: str,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        grad_clip: float,
+        lr_lambda: Callable[[int], float],
+    ) -> None:
         self.model, self.params, self.grad_clip = model, params, grad_clip
         self.device = model_device(model)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
@@ -311,8 +340,12 @@ class TorchEngine(TrainEngine):
         path = Path(path)
         if self.rank == 0:  # ranks hold identical replicas
             path.mkdir(parents=True, exist_ok=True)
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scheduler": self.scheduler.state_dict(), "steps": self._steps}
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "steps": self._steps,
+            }
             torch.save(state, path / TORCH_STATE_FILE)
         if self.world_size > 1:
             dist.barrier()
@@ -350,9 +383,18 @@ class DeepSpeedTrainEngine(TrainEngine):
     (`accumulate_step` guarantees it).
     """
 
-    def __init__(self, model: torch.nn.Module, params: list[torch.nn.Parameter], cfg: EngineConfig, *, lr: float,
-                 betas: tuple[float, float], weight_decay: float, grad_clip: float,
-                 lr_lambda: Callable[[int], float]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        params: list[torch.nn.Parameter],
+        cfg: EngineConfig,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        grad_clip: float,
+        lr_lambda: Callable[[int], float],
+    ) -> None:
         import deepspeed  # lazy: heavy, and only this engine needs it
         from deepspeed.accelerator import get_accelerator
 
@@ -364,17 +406,27 @@ class DeepSpeedTrainEngine(TrainEngine):
         deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
         _drop_stale_deepspeed_groups()
         _, world_size = _dist_rank_world()
-        config = deepspeed_config(cfg, micro_batch_size=cfg.micro_batch_size or 1, grad_accum=1, grad_clip=grad_clip,
-                                  device=device, world_size=world_size)
+        config = deepspeed_config(
+            cfg,
+            micro_batch_size=cfg.micro_batch_size or 1,
+            grad_accum=1,
+            grad_clip=grad_clip,
+            device=device,
+            world_size=world_size,
+        )
         optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
         self._own_clip = config["gradient_clipping"] == 0.0  # see deepspeed_config
         self._last_grad_norm = float("nan")
         if self._own_clip:
             optimizer.register_step_pre_hook(lambda *_: self._clip(params, grad_clip))
         self.ds, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=config, dist_init_required=False,
+            model=model,
+            optimizer=optimizer,
+            config=config,
+            dist_init_required=False,
             # a callable, so the schedule wraps whichever optimizer DeepSpeed ends up stepping
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda))
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
+        )
         self.module, self.model = self.ds, self.ds.module
         self.rank, self.world_size = _dist_rank_world()
         self.device = torch.device(self.ds.device)
@@ -402,8 +454,9 @@ class DeepSpeedTrainEngine(TrainEngine):
         self.ds.save_checkpoint(str(path), tag=DEEPSPEED_TAG)
 
     def load_state(self, path: str | Path) -> None:
-        load_path, _ = self.ds.load_checkpoint(str(path), tag=DEEPSPEED_TAG, load_optimizer_states=True,
-                                               load_lr_scheduler_states=True)
+        load_path, _ = self.ds.load_checkpoint(
+            str(path), tag=DEEPSPEED_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint '{DEEPSPEED_TAG}' under {path}")
 
@@ -428,10 +481,19 @@ class DeepSpeedTrainEngine(TrainEngine):
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
-def build_engine(model: torch.nn.Module, cfg: EngineConfig, *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 weight_decay: float = 0.0, grad_clip: float, lr_lambda: Callable[[int], float] | None = None,
-                 params: Sequence[torch.nn.Parameter] | None = None, device: torch.device | str | None = None,
-                 gradient_checkpointing: bool = False) -> TrainEngine:
+def build_engine(
+    model: torch.nn.Module,
+    cfg: EngineConfig,
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
+    grad_clip: float,
+    lr_lambda: Callable[[int], float] | None = None,
+    params: Sequence[torch.nn.Parameter] | None = None,
+    device: torch.device | str | None = None,
+    gradient_checkpointing: bool = False,
+) -> TrainEngine:
     """AdamW + LambdaLR(lr_lambda, default constant 1) over `params` (default: the model's
     parameters with requires_grad, e.g. only LoRA adapters), run by the engine `cfg.kind` names.
     `device`: where the model trains (moved there first; None: where it is). An engine that ends
@@ -442,14 +504,32 @@ def build_engine(model: torch.nn.Module, cfg: EngineConfig, *, lr: float, betas:
         model.to(resolve_device(device))
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    engine = _build_engine(model, cfg, lr=lr, betas=betas, weight_decay=weight_decay, grad_clip=grad_clip, lr_lambda=lr_lambda, params=params)
+    engine = _build_engine(
+        model,
+        cfg,
+        lr=lr,
+        betas=betas,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        lr_lambda=lr_lambda,
+        params=params,
+    )
     if device is not None and engine.device.type != resolve_device(device).type:
         raise ValueError(f"device={str(device)!r} but the {cfg.kind} engine trains on {engine.device}")
     return engine
 
 
-def _build_engine(model: torch.nn.Module, cfg: EngineConfig, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
-                  lr_lambda: Callable[[int], float] | None, params: Sequence[torch.nn.Parameter] | None) -> TrainEngine:
+def _build_engine(
+    model: torch.nn.Module,
+    cfg: EngineConfig,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    grad_clip: float,
+    lr_lambda: Callable[[int], float] | None,
+    params: Sequence[torch.nn.Parameter] | None,
+) -> TrainEngine:
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
     if not params:
         raise ValueError("no trainable parameters (none has requires_grad=True)")
@@ -469,8 +549,13 @@ def shard(rows: list, rank: int, world_size: int) -> list:
     return rows[rank::world_size]
 
 
-def micro_batches(rows: list, micro_batch_size: int | None, *, max_tokens: int | None = None,
-                  shape: Callable[[Any], tuple[int, int]] | None = None) -> list[list]:
+def micro_batches(
+    rows: list,
+    micro_batch_size: int | None,
+    *,
+    max_tokens: int | None = None,
+    shape: Callable[[Any], tuple[int, int]] | None = None,
+) -> list[list]:
     """The rows of one forward/backward each.
 
     Without `max_tokens`: consecutive chunks of `micro_batch_size` rows (the last may be shorter);
@@ -514,9 +599,17 @@ def _per_rank(engine: TrainEngine, values: list[int]) -> list[list[int]]:
     return [[int(v) for v in row] for row in engine.all_reduce_sum(table).tolist()]
 
 
-def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: CountFn, *,
-                    micro_batch_size: int | None, max_tokens: int | None = None,
-                    shape: Callable[[Any], tuple[int, int]] | None = None, summed: Sequence[str] = ()) -> dict[str, float]:
+def accumulate_step(
+    engine: TrainEngine,
+    rows: list,
+    loss_fn: LossFn,
+    count_fn: CountFn,
+    *,
+    micro_batch_size: int | None,
+    max_tokens: int | None = None,
+    shape: Callable[[Any], tuple[int, int]] | None = None,
+    summed: Sequence[str] = (),
+) -> dict[str, float]:
     """ONE optimizer step over `rows`, this rank's share of a minibatch.
 
     1. global counts: sum of count_fn over this rank's micro-batches, summed over ranks;
@@ -531,8 +624,10 @@ def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: 
     chunks = micro_batches(rows, micro_batch_size, max_tokens=max_tokens, shape=shape)
     rows_per_rank, chunks_per_rank = _per_rank(engine, [len(rows), len(chunks)])
     if min(rows_per_rank) == 0:
-        raise ValueError(f"a rank has no rows (rows per rank: {rows_per_rank}); the minibatch must have at "
-                         f"least world_size={engine.world_size} rows")
+        raise ValueError(
+            f"a rank has no rows (rows per rank: {rows_per_rank}); the minibatch must have at "
+            f"least world_size={engine.world_size} rows"
+        )
     # ZeRO-2/3 reduce gradients inside every backward, so every rank must run as many backward
     # passes as the busiest one (else gloo aborts: "Is there a distributed collective mismatch
     # in your code?"); the others add filler passes that contribute zero gradient.
@@ -561,5 +656,3 @@ def accumulate_step(engine: TrainEngine, rows: list, loss_fn: LossFn, count_fn: 
     num_rows = sum(rows_per_rank)
     result = {name: float(sums[j]) / (1 if name in summed else num_rows) for j, name in enumerate(names)}
     return {**result, "loss": float(sums[-1]), **out}
-
-

@@ -21,8 +21,18 @@ from verifiers.cascade import Cascade
 
 
 def evaluate_policy(
-    engine: RolloutEngine, tokenizer, tasks: list[dict], tools: dict[str, Tool], rollout: RolloutConfig, cascade: Cascade, *,
-    samples_per_task: int, temperature: float, greedy: bool, seed: int, batch_size: int,
+    engine: RolloutEngine,
+    tokenizer,
+    tasks: list[dict],
+    tools: dict[str, Tool],
+    rollout: RolloutConfig,
+    cascade: Cascade,
+    *,
+    samples_per_task: int,
+    temperature: float,
+    greedy: bool,
+    seed: int,
+    batch_size: int,
 ) -> list[dict]:
     """One row per task: mean outcome over its samples, tool calls and turns."""
     k = 1 if greedy else samples_per_task
@@ -30,9 +40,20 @@ def evaluate_policy(
     per_batch = max(1, batch_size // k)
     for start in range(0, len(tasks), per_batch):
         chunk = tasks[start : start + per_batch]
-        episodes = run_episodes(engine, tokenizer, chunk, group_size=k, tools=tools, cfg=rollout, greedy=greedy, temperature=temperature,
-                                sampling_key=f"benchmark/seed={seed}")
-        records = [episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes]
+        episodes = run_episodes(
+            engine,
+            tokenizer,
+            chunk,
+            group_size=k,
+            tools=tools,
+            cfg=rollout,
+            greedy=greedy,
+            temperature=temperature,
+            sampling_key=f"benchmark/seed={seed}",
+        )
+        records = [
+            episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes
+        ]
         scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
         failpoint("benchmark")
         by_task: dict[str, list] = {}
@@ -40,16 +61,20 @@ def evaluate_policy(
             by_task.setdefault(record["task_id"], []).append((record, score))
         for task in chunk:
             pairs = by_task[task["task_id"]]
-            rows.append({
-                "task_id": task["task_id"],
-                "family": task["family"],
-                "level": int(task["level"]),
-                "score": sum((s["outcome"] or 0.0) for _, s in pairs) / len(pairs),
-                "samples": len(pairs),
-                "solved": sum((s["outcome"] or 0.0) >= 1.0 for _, s in pairs),  # for pass@k: every test passed, the answer right
-                "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
-                "turns": sum(r["turns"] for r, _ in pairs) / len(pairs),
-            })
+            rows.append(
+                {
+                    "task_id": task["task_id"],
+                    "family": task["family"],
+                    "level": int(task["level"]),
+                    "score": sum((s["outcome"] or 0.0) for _, s in pairs) / len(pairs),
+                    "samples": len(pairs),
+                    "solved": sum(
+                        (s["outcome"] or 0.0) >= 1.0 for _, s in pairs
+                    ),  # for pass@k: every test passed, the answer right
+                    "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
+                    "turns": sum(r["turns"] for r, _ in pairs) / len(pairs),
+                }
+            )
     return rows
 
 
@@ -78,7 +103,9 @@ def summarize(rows: list[dict], confidence: float, pass_at_k: tuple[int, ...] | 
     and per family."""
     pass_at_1, low, high = mean_ci([r["score"] for r in rows], confidence)
     summary = {
-        "pass_at_1": pass_at_1, "pass_at_1_ci_low": low, "pass_at_1_ci_high": high,
+        "pass_at_1": pass_at_1,
+        "pass_at_1_ci_low": low,
+        "pass_at_1_ci_high": high,
         "tool_call_rate": sum(r["tool_call_rate"] for r in rows) / len(rows),
         "mean_turns": sum(r["turns"] for r in rows) / len(rows),
         "num_tasks": float(len(rows)),
@@ -86,17 +113,31 @@ def summarize(rows: list[dict], confidence: float, pass_at_k: tuple[int, ...] | 
     for family in sorted({r["family"] for r in rows}):
         of_family = [r for r in rows if r["family"] == family]
         mean, low, high = mean_ci([r["score"] for r in of_family], confidence)
-        summary.update({f"{family}/pass_at_1": mean, f"{family}/pass_at_1_ci_low": low, f"{family}/pass_at_1_ci_high": high,
-                        f"{family}/tool_call_rate": sum(r["tool_call_rate"] for r in of_family) / len(of_family)})
+        summary.update(
+            {
+                f"{family}/pass_at_1": mean,
+                f"{family}/pass_at_1_ci_low": low,
+                f"{family}/pass_at_1_ci_high": high,
+                f"{family}/tool_call_rate": sum(r["tool_call_rate"] for r in of_family) / len(of_family),
+            }
+        )
         for level in sorted({r["level"] for r in of_family}):
             at = [r for r in of_family if r["level"] == level]
             summary[f"{family}/level_{level}/pass_at_1"] = sum(r["score"] for r in at) / len(at)
             summary[f"{family}/level_{level}/tool_call_rate"] = sum(r["tool_call_rate"] for r in at) / len(at)
     for k in pass_at_k:
         if all(r.get("samples", 1) >= k for r in rows):
-            for prefix, of in [("", rows)] + [(f"{f}/", [r for r in rows if r["family"] == f]) for f in sorted({r["family"] for r in rows})]:
+            for prefix, of in [("", rows)] + [
+                (f"{f}/", [r for r in rows if r["family"] == f]) for f in sorted({r["family"] for r in rows})
+            ]:
                 mean, low, high = pass_at_k_ci([(r["samples"], r["solved"]) for r in of], k, confidence)
-                summary.update({f"{prefix}pass_at_{k}": mean, f"{prefix}pass_at_{k}_ci_low": low, f"{prefix}pass_at_{k}_ci_high": high})
+                summary.update(
+                    {
+                        f"{prefix}pass_at_{k}": mean,
+                        f"{prefix}pass_at_{k}_ci_low": low,
+                        f"{prefix}pass_at_{k}_ci_high": high,
+                    }
+                )
     return summary
 
 
@@ -106,14 +147,18 @@ def gate_scores(rows: list[dict], k: int = 1) -> dict[str, float]:
     return {r["task_id"]: r["score"] if k == 1 else pass_at_k(r["samples"], r["solved"], k) for r in rows}
 
 
-def suite_summary(name: str, rows: list[dict], over_budget: int, confidence: float, pass_at_k: tuple[int, ...] | list[int] = ()) -> dict[str, float]:
+def suite_summary(
+    name: str, rows: list[dict], over_budget: int, confidence: float, pass_at_k: tuple[int, ...] | list[int] = ()
+) -> dict[str, float]:
     """A benchmark suite's figures as `<name>.<metric>` (pass@1 and pass@k with CIs, tool-call
     rate, tasks, and how many prompts did not fit the suite's token budget: scored 0, not run)."""
     whole = {k: v for k, v in summarize(rows, confidence, pass_at_k).items() if "/" not in k}
     return {f"{name}.{k}": v for k, v in {**whole, "over_budget": float(over_budget)}.items()}
 
 
-def promotion_decision(new: dict[str, float], champion: dict[str, float] | None, confidence: float, margin: float) -> dict[str, float | bool]:
+def promotion_decision(
+    new: dict[str, float], champion: dict[str, float] | None, confidence: float, margin: float
+) -> dict[str, float | bool]:
     """Promote iff the lower bound of the paired CI of (new - champion) is above `margin`
     (default 0): the improvement must be measurable, not a lucky draw. No champion -> promote."""
     if champion is None:
@@ -137,8 +182,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - fail_all
 
 
-def pass_at_k_ci(counts: list[tuple[int, int]], k: int, confidence: float, *, resamples: int = 2000,
-                 seed: int = 0) -> tuple[float, float, float]:
+def pass_at_k_ci(
+    counts: list[tuple[int, int]], k: int, confidence: float, *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """Mean pass@k over tasks, given (n, c) per task, and a percentile bootstrap interval over
     tasks (pass@k of a task is not 0/1 for k > 1, and near 0 or 1 a normal interval would leave
     [0, 1]). Seeded: the same counts give the same interval."""

@@ -19,8 +19,13 @@ from configs.schema import LoRAConfig
 def _weight_module_names(model: torch.nn.Module) -> list[str]:
     """Short names (last path component) of the leaf modules that hold a weight: what a
     `target_modules` entry can name."""
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if name and not list(module.children()) and getattr(module, "weight", None) is not None})
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if name and not list(module.children()) and getattr(module, "weight", None) is not None
+        }
+    )
 
 
 def _check_targets(model: torch.nn.Module, target_modules: tuple[str, ...]) -> None:
@@ -29,8 +34,10 @@ def _check_targets(model: torch.nn.Module, target_modules: tuple[str, ...]) -> N
     names = [name for name, _ in model.named_modules()]
     missing = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
-        raise ValueError(f"LoRA target_modules {missing} match no module of {type(model).__name__}; "
-                         f"modules with weights: {_weight_module_names(model)}")
+        raise ValueError(
+            f"LoRA target_modules {missing} match no module of {type(model).__name__}; "
+            f"modules with weights: {_weight_module_names(model)}"
+        )
 
 
 def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
@@ -44,8 +51,12 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
         raise ValueError("model already has LoRA adapters")
     _check_targets(model, cfg.target_modules)
     peft_cfg = LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
-        bias="none", task_type=TaskType.CAUSAL_LM,
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type=TaskType.CAUSAL_LM,
     )
     return get_peft_model(model, peft_cfg)
 

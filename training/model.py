@@ -37,7 +37,12 @@ class ModelFolderError(ValueError):
     """A model folder the platform cannot use, named with the file, field and value at fault."""
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -58,16 +63,22 @@ def check_model_folder(path: str | Path) -> None:
         raise ModelFolderError(f"model folder {folder}: config.json is not valid JSON ({exc})") from None
     vocab_size = config.get("vocab_size") if isinstance(config, dict) else None
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
-        raise ModelFolderError(f"model folder {folder}: config.json field 'vocab_size' is {vocab_size!r}, expected a positive integer")
+        raise ModelFolderError(
+            f"model folder {folder}: config.json field 'vocab_size' is {vocab_size!r}, expected a positive integer"
+        )
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise ModelFolderError(f"model folder {folder}: no weights (one of {', '.join(WEIGHT_FILES)})")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelFolderError(f"model folder {folder}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save the tokenizer with the model")
+        raise ModelFolderError(
+            f"model folder {folder}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save the tokenizer with the model"
+        )
     if (folder / "tokenizer.json").is_file():
         tokens = _tokenizer_size(folder / "tokenizer.json")
         if tokens > vocab_size:
-            raise ModelFolderError(f"model folder {folder}: tokenizer.json has {tokens} token ids but config.json vocab_size is {vocab_size}: "
-                                   f"ids from {vocab_size} on have no embedding row (a tokenizer saved from another model?)")
+            raise ModelFolderError(
+                f"model folder {folder}: tokenizer.json has {tokens} token ids but config.json vocab_size is {vocab_size}: "
+                f"ids from {vocab_size} on have no embedding row (a tokenizer saved from another model?)"
+            )
 
 
 def _tokenizer_size(path: Path) -> int:
@@ -75,11 +86,15 @@ def _tokenizer_size(path: Path) -> int:
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
         vocab = (spec.get("model") or {}).get("vocab") or {}
-        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))  # Unigram: a list of [piece, score]
+        ids = (
+            list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+        )  # Unigram: a list of [piece, score]
         ids += [token["id"] for token in spec.get("added_tokens") or []]
         return max(ids) + 1 if ids else 0
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as exc:
-        raise ModelFolderError(f"model folder {path.parent}: tokenizer.json is not a tokenizers file ({exc!r})") from None
+        raise ModelFolderError(
+            f"model folder {path.parent}: tokenizer.json is not a tokenizers file ({exc!r})"
+        ) from None
 
 
 def _checked(path_or_id: str | Path) -> str:

@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 # name -> (file name in the model cache, its sha256). The pins are scripts/fetch_model.py's, repeated
 # because the images ship training/ and not scripts/ (tests/test_model_sources.py checks they agree).
 KNOWN_GGUF = {
-    "smollm2-135m-instruct": ("SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    "smollm2-135m-instruct": (
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
 }
 # Bump when import_gguf writes something different: cached folders of another format are imported again.
 FORMAT = 1
@@ -68,7 +71,9 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "float3
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)  # config.json (with architectures), generation_config.json, model.safetensors
+    model.save_pretrained(
+        out, safe_serialization=True
+    )  # config.json (with architectures), generation_config.json, model.safetensors
     tokenizer.save_pretrained(out)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
     manifest = {
         "format": FORMAT,
@@ -99,7 +104,9 @@ def _clear_gguf_mark(model) -> None:
         del model.quantization_method
 
 
-def resolve_pretrained(name_or_path: str | Path, gguf_file: str | None = None, cache_dir: str | Path | None = None) -> str:
+def resolve_pretrained(
+    name_or_path: str | Path, gguf_file: str | None = None, cache_dir: str | Path | None = None
+) -> str:
     """What transformers / vLLM should load for a profile's `model.name_or_path`.
 
     A local HF folder or a hub id passes through. A `.gguf` path, a folder plus `gguf_file` (as in
@@ -114,8 +121,10 @@ def resolve_pretrained(name_or_path: str | Path, gguf_file: str | None = None, c
         filename, pinned = KNOWN_GGUF[str(name_or_path)]
         gguf = cache / filename
         if not gguf.is_file():
-            raise FileNotFoundError(f"model {name_or_path!r}: {gguf} is not there; fetch it with "
-                                    f"`bash scripts/setup.sh --model {name_or_path}` (or `python scripts/fetch_model.py {name_or_path}`)")
+            raise FileNotFoundError(
+                f"model {name_or_path!r}: {gguf} is not there; fetch it with "
+                f"`bash scripts/setup.sh --model {name_or_path}` (or `python scripts/fetch_model.py {name_or_path}`)"
+            )
     elif str(name_or_path).endswith(".gguf"):
         gguf = Path(name_or_path).expanduser()
     else:
@@ -127,7 +136,9 @@ def resolve_pretrained(name_or_path: str | Path, gguf_file: str | None = None, c
     if _manifest_format(folder) == FORMAT:
         return str(folder)
     if pinned and (actual := sha256_of(gguf)) != pinned:
-        raise ValueError(f"{gguf}: sha256 is {actual}, expected {pinned}; delete it and fetch it again (scripts/fetch_model.py)")
+        raise ValueError(
+            f"{gguf}: sha256 is {actual}, expected {pinned}; delete it and fetch it again (scripts/fetch_model.py)"
+        )
     return str(_import_into(gguf, folder))
 
 
@@ -158,7 +169,13 @@ def _import_into(gguf: Path, folder: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("ok: %s (%s, %s parameters, vocab %s)", folder, manifest["architecture"], f"{manifest['parameters']:,}", manifest["vocab_size"])
+    log.info(
+        "ok: %s (%s, %s parameters, vocab %s)",
+        folder,
+        manifest["architecture"],
+        f"{manifest['parameters']:,}",
+        manifest["vocab_size"],
+    )
     return folder
 
 

@@ -28,9 +28,25 @@ from training.algorithms import Algorithm, resolve_algorithm
 from training.critic import critic_from_policy, token_values
 from training.curriculum import sample_prompts
 from training.data_parallel import DataParallel
-from training.engines import TrainEngine, accumulate_step, build_engine, micro_batches, model_device, resolve_device, shard
+from training.engines import (
+    TrainEngine,
+    accumulate_step,
+    build_engine,
+    micro_batches,
+    model_device,
+    resolve_device,
+    shard,
+)
 from training.rl_math import (
-    agg_loss, gae_advantages, get_advantage_estimator, get_policy_loss, group_stats, kl_penalty, logprob_mismatch, masked_mean, tis_weights,
+    agg_loss,
+    gae_advantages,
+    get_advantage_estimator,
+    get_policy_loss,
+    group_stats,
+    kl_penalty,
+    logprob_mismatch,
+    masked_mean,
+    tis_weights,
     value_loss,
 )
 from training.rollout import run_episodes
@@ -49,7 +65,9 @@ class RoundResult:
     tier_stats: dict[str, TierStats] = field(default_factory=dict)  # the whole round's verification
     disagreements: int = 0
     resumed_from_step: int = 0  # 0: started fresh
-    policy: Any = field(default=None, repr=False, compare=False)  # the trained model with whole weights (set on return, never saved in state)
+    policy: Any = field(
+        default=None, repr=False, compare=False
+    )  # the trained model with whole weights (set on return, never saved in state)
 
 
 @dataclass
@@ -58,7 +76,9 @@ class Sample:
 
     record: dict
     advantages: list[float]
-    old_logprobs: list[float] | None  # the trainer's log-probs before the update; None: the update's own (on-policy, see reuses_update_logprobs)
+    old_logprobs: (
+        list[float] | None
+    )  # the trainer's log-probs before the update; None: the update's own (on-policy, see reuses_update_logprobs)
     ref_logprobs: list[float] | None = None
     old_values: list[float] | None = None
     returns: list[float] | None = None
@@ -129,10 +149,17 @@ def unsolved_group_metrics(records: list[dict], scores: list[dict]) -> dict[str,
         groups.setdefault(r["group_id"], []).append((tuple(r["completion_ids"]), s["outcome"] or 0.0, s["reward"]))
     unsolved = {g: rows for g, rows in groups.items() if min(o for _, o, _ in rows) < 1.0}
     failed = [Counter(ids for ids, o, _ in rows if o < 1.0) for rows in unsolved.values()]
-    repeated = sum(n for counts in failed for n in counts.values() if n > 1)  # wrong trajectories echoed within their group
+    repeated = sum(
+        n for counts in failed for n in counts.values() if n > 1
+    )  # wrong trajectories echoed within their group
     stuck = sum(1 for rows in unsolved.values() if len({o for _, o, _ in rows}) == 1)  # every sample failed alike
-    stds = [torch.tensor([rw for _, _, rw in rows]).std().item() if len(rows) > 1 else 0.0 for rows in unsolved.values()]
-    metrics = {"rollout/unsolved_groups": len(unsolved) / len(groups) if groups else 0.0, "rollout/stuck_frac": stuck / len(groups) if groups else 0.0}
+    stds = [
+        torch.tensor([rw for _, _, rw in rows]).std().item() if len(rows) > 1 else 0.0 for rows in unsolved.values()
+    ]
+    metrics = {
+        "rollout/unsolved_groups": len(unsolved) / len(groups) if groups else 0.0,
+        "rollout/stuck_frac": stuck / len(groups) if groups else 0.0,
+    }
     if unsolved:  # absent, not 0, when everything is solved: collapse.py skips a step without them
         metrics["rollout/repeat_rate_failed"] = repeated / sum(sum(counts.values()) for counts in failed)
         metrics["reward/group_std_unsolved"] = sum(stds) / len(stds)
@@ -144,7 +171,11 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
     rewards = torch.tensor([s["reward"] for s in scores])
     outcome = torch.tensor([s["outcome"] or 0.0 for s in scores])
     policy_tokens = [sum(r["tool_mask"]) for r in records]
-    components = {f"reward/{k[len('reward_'):]}/contribution": sum(s[k] for s in scores) / n for k in scores[0] if k.startswith("reward_")}
+    components = {
+        f"reward/{k[len('reward_') :]}/contribution": sum(s[k] for s in scores) / n
+        for k in scores[0]
+        if k.startswith("reward_")
+    }
     group_ids = [r["group_id"] for r in records]
     spread = informative_groups(rewards.tolist(), group_ids)
     groups_with_spread = {g for g, keep in zip(group_ids, spread.tolist()) if keep}
@@ -172,7 +203,9 @@ def _record_shape(record: dict) -> tuple[int, int]:
     return len(record["prompt_ids"]), len(record["completion_ids"])
 
 
-def _per_token(records: list[dict], fn: Callable, model, *, pad_id: int, batch_size: int, max_tokens: int | None) -> list[list[float]]:
+def _per_token(
+    records: list[dict], fn: Callable, model, *, pad_id: int, batch_size: int, max_tokens: int | None
+) -> list[list[float]]:
     """fn(batch) -> (rows, width) per completion token, for every record, in record order; computed
     in chunks of at most `batch_size` rows (and `max_tokens` padded tokens, length-sorted), each
     batch on `model`'s device."""
@@ -180,7 +213,9 @@ def _per_token(records: list[dict], fn: Callable, model, *, pad_id: int, batch_s
     out: list[list[float]] = [[] for _ in records]
     device = model_device(model)
     for rows in micro_batches(records, batch_size, max_tokens=max_tokens, shape=_record_shape):
-        batch = collate([r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id)
+        batch = collate(
+            [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], [r["tool_mask"] for r in rows], pad_id
+        )
         values = fn(to_device(batch, device)).cpu()
         for j, r in enumerate(rows):
             out[index[id(r)]] = values[j, : len(r["completion_ids"])].tolist()
@@ -188,17 +223,40 @@ def _per_token(records: list[dict], fn: Callable, model, *, pad_id: int, batch_s
 
 
 @torch.no_grad()
-def recorded_logprobs(model, records: list[dict], *, temperature: float, pad_id: int, batch_size: int = 64,
-                      max_tokens: int | None = None, chunk_tokens: int | None = None) -> list[list[float]]:
+def recorded_logprobs(
+    model,
+    records: list[dict],
+    *,
+    temperature: float,
+    pad_id: int,
+    batch_size: int = 64,
+    max_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+) -> list[list[float]]:
     """log pi(recorded token) for every completion token of every record, in batches
     (`chunk_tokens`: engine.logit_chunk_tokens, see completion_logprobs)."""
-    return _per_token(records, lambda batch: completion_logprobs(model, batch, temperature, chunk_tokens=chunk_tokens), model,
-                      pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
+    return _per_token(
+        records,
+        lambda batch: completion_logprobs(model, batch, temperature, chunk_tokens=chunk_tokens),
+        model,
+        pad_id=pad_id,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+    )
 
 
 @torch.no_grad()
-def recorded_values(critic, records: list[dict], *, pad_id: int, batch_size: int = 64, max_tokens: int | None = None) -> list[list[float]]:
-    return _per_token(records, lambda batch: token_values(critic, batch), critic, pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens)
+def recorded_values(
+    critic, records: list[dict], *, pad_id: int, batch_size: int = 64, max_tokens: int | None = None
+) -> list[list[float]]:
+    return _per_token(
+        records,
+        lambda batch: token_values(critic, batch),
+        critic,
+        pad_id=pad_id,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+    )
 
 
 def _policy_token_mean(per_token: list[list[float]], records: list[dict]) -> float:
@@ -210,15 +268,31 @@ def _kl_per_token(behaviour: list[float], ref: list[float], algo: Algorithm) -> 
     return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), algo.kl_estimator, k3_clamp=algo.k3_clamp).tolist()
 
 
-def trainer_gap(policy, records: list[dict], *, temperature: float, pad_id: int, max_tokens: int | None = None,
-                chunk_tokens: int | None = None, dp: DataParallel = DataParallel()) -> tuple[list[list[float]], dict[str, float]]:
+def trainer_gap(
+    policy,
+    records: list[dict],
+    *,
+    temperature: float,
+    pad_id: int,
+    max_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    dp: DataParallel = DataParallel(),
+) -> tuple[list[list[float]], dict[str, float]]:
     """The trainer's log-probs of the recorded tokens, and how far the rollout engine's behaviour
     log-probs are from them on policy tokens (`rollout/logprob_mismatch_*`, every step). Under
     data parallelism each rank computes its share and every rank gets all of them."""
-    old = dp.map_sharded(records, lambda rows: recorded_logprobs(policy, rows, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens,
-                                                                  chunk_tokens=chunk_tokens))
+    old = dp.map_sharded(
+        records,
+        lambda rows: recorded_logprobs(
+            policy, rows, temperature=temperature, pad_id=pad_id, max_tokens=max_tokens, chunk_tokens=chunk_tokens
+        ),
+    )
     width = max(len(r["completion_ids"]) for r in records)
-    gap = logprob_mismatch(_padded(old, width), _padded([r["logprobs"] for r in records], width), _padded([r["tool_mask"] for r in records], width))
+    gap = logprob_mismatch(
+        _padded(old, width),
+        _padded([r["logprobs"] for r in records], width),
+        _padded([r["tool_mask"] for r in records], width),
+    )
     return old, {"rollout/logprob_mismatch_max": gap["max"], "rollout/logprob_mismatch_mean": gap["mean"]}
 
 
@@ -229,12 +303,29 @@ def reuses_update_logprobs(algo: Algorithm, rl: RLConfig) -> bool:
     the pass that recomputes them is skipped: one forward of the batch in five (ref, old, and the
     update's forward + backward). The engine/trainer mismatch and the KL to the reference are
     then measured in the update, from the same log-probs (`policy_loss_fn`'s `stats`)."""
-    return rl.minibatches == 1 and rl.tis_cap is None and not algo.critic and not (algo.needs_reference and algo.kl_placement == "reward")
+    return (
+        rl.minibatches == 1
+        and rl.tis_cap is None
+        and not algo.critic
+        and not (algo.needs_reference and algo.kl_placement == "reward")
+    )
 
 
-def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl: RLConfig, *, policy, reference, critic, temperature: float,
-                    pad_id: int, max_tokens: int | None = None, chunk_tokens: int | None = None,
-                    dp: DataParallel = DataParallel()) -> tuple[list[Sample], dict[str, float]]:
+def prepare_samples(
+    records: list[dict],
+    scores: list[dict],
+    algo: Algorithm,
+    rl: RLConfig,
+    *,
+    policy,
+    reference,
+    critic,
+    temperature: float,
+    pad_id: int,
+    max_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    dp: DataParallel = DataParallel(),
+) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
     advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
@@ -258,8 +349,16 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
         old = [old[i] for i in keep] if old is not None else None
         if not records:
             return [], metrics
-    if rl.drop_zero_variance_groups and rl.group_filter == "outcome":  # the dynamic-sampling batch is already filtered; this is the plain one
-        keep = [i for i, k in enumerate(informative_groups(filter_values(scores, "outcome"), [r["group_id"] for r in records]).tolist()) if k]
+    if (
+        rl.drop_zero_variance_groups and rl.group_filter == "outcome"
+    ):  # the dynamic-sampling batch is already filtered; this is the plain one
+        keep = [
+            i
+            for i, k in enumerate(
+                informative_groups(filter_values(scores, "outcome"), [r["group_id"] for r in records]).tolist()
+            )
+            if k
+        ]
         metrics["rollout/no_outcome_spread_dropped"] = float(len(records) - len(keep))
         records, scores = [records[i] for i in keep], [scores[i] for i in keep]
         old = [old[i] for i in keep] if old is not None else None
@@ -267,40 +366,66 @@ def prepare_samples(records: list[dict], scores: list[dict], algo: Algorithm, rl
             return [], metrics
     width = max(len(r["completion_ids"]) for r in records)
     policy_mask = _padded([r["tool_mask"] for r in records], width)
-    ref = dp.map_sharded(records, lambda rows: recorded_logprobs(reference, rows, **passes)) if algo.needs_reference else None
+    ref = (
+        dp.map_sharded(records, lambda rows: recorded_logprobs(reference, rows, **passes))
+        if algo.needs_reference
+        else None
+    )
     kl = [_kl_per_token(old_i, ref_i, algo) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
     if kl:
         metrics["actor/kl_ref"] = _policy_token_mean(kl, records)
     in_reward = algo.kl_coef if (kl and algo.kl_placement == "reward") else 0.0
     rewards = [s["reward"] for s in scores]
     if algo.critic:
-        values = dp.map_sharded(records, lambda rows: recorded_values(critic, rows, pad_id=pad_id, max_tokens=max_tokens))
-        per_token = [token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
-                     for i, (r, reward) in enumerate(zip(records, rewards))]
+        values = dp.map_sharded(
+            records, lambda rows: recorded_values(critic, rows, pad_id=pad_id, max_tokens=max_tokens)
+        )
+        per_token = [
+            token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
+            for i, (r, reward) in enumerate(zip(records, rewards))
+        ]
         mask = policy_mask
-        adv, returns = gae_advantages(_padded(per_token, width), _padded(values, width), mask, gamma=rl.ppo.gamma, lam=rl.ppo.lam)
-        adv = torch.where(mask.bool(), (adv - masked_mean(adv, mask)) / (adv[mask.bool()].std() + 1e-8), 0.0)  # whitened, as verl
+        adv, returns = gae_advantages(
+            _padded(per_token, width), _padded(values, width), mask, gamma=rl.ppo.gamma, lam=rl.ppo.lam
+        )
+        adv = torch.where(
+            mask.bool(), (adv - masked_mean(adv, mask)) / (adv[mask.bool()].std() + 1e-8), 0.0
+        )  # whitened, as verl
         advantages = [adv[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
         returns_list = [returns[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
         metrics["critic/values_mean"] = float(masked_mean(_padded(values, width), mask))
     else:
         # KL in the reward, for outcome estimators: the sequence's reward minus beta * its summed KL (verl).
         if in_reward:
-            rewards = [reward - in_reward * sum(k for k, m in zip(kl[i], r["tool_mask"]) if m) for i, (r, reward) in enumerate(zip(records, rewards))]
-        seq_adv = get_advantage_estimator(algo.advantage_estimator)(torch.tensor(rewards, dtype=torch.float32),
-                                                                    _group_index([r["group_id"] for r in records]))
+            rewards = [
+                reward - in_reward * sum(k for k, m in zip(kl[i], r["tool_mask"]) if m)
+                for i, (r, reward) in enumerate(zip(records, rewards))
+            ]
+        seq_adv = get_advantage_estimator(algo.advantage_estimator)(
+            torch.tensor(rewards, dtype=torch.float32), _group_index([r["group_id"] for r in records])
+        )
         advantages = [[a] * len(r["completion_ids"]) for a, r in zip(seq_adv.tolist(), records)]
         values = returns_list = None
     if rl.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
-        weights = tis_weights(_padded(old, width), _padded([r["logprobs"] for r in records], width), policy_mask, rl.tis_cap)
+        weights = tis_weights(
+            _padded(old, width), _padded([r["logprobs"] for r in records], width), policy_mask, rl.tis_cap
+        )
         metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, policy_mask))
         advantages = [[a * w for a, w in zip(adv_i, weights[i].tolist())] for i, adv_i in enumerate(advantages)]
     samples = []
     for i, record in enumerate(records):
         if rl.drop_zero_variance_groups and not any(advantages[i]):
             continue  # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
-        samples.append(Sample(record, advantages[i], old[i] if old is not None else None, ref[i] if ref else None, values[i] if values else None,
-                              returns_list[i] if returns_list else None))
+        samples.append(
+            Sample(
+                record,
+                advantages[i],
+                old[i] if old is not None else None,
+                ref[i] if ref else None,
+                values[i] if values else None,
+                returns_list[i] if returns_list else None,
+            )
+        )
     if old is None and not samples:  # no update will measure them: the engine gap and KL as without reuse
         old, gap = trainer_gap(policy, records, **passes, dp=dp)
         metrics |= gap
@@ -317,12 +442,25 @@ def _counts(samples: list[Sample]) -> torch.Tensor:
 
 
 def _collate(samples: list[Sample], pad_id: int, device: torch.device):
-    batch = collate([s.record["prompt_ids"] for s in samples], [s.record["completion_ids"] for s in samples], [s.record["tool_mask"] for s in samples], pad_id)
+    batch = collate(
+        [s.record["prompt_ids"] for s in samples],
+        [s.record["completion_ids"] for s in samples],
+        [s.record["tool_mask"] for s in samples],
+        pad_id,
+    )
     return to_device(batch, device)
 
 
-def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, max_tokens: int, stats: dict[str, float] | None = None,
-                   chunk_tokens: int | None = None) -> Callable:
+def policy_loss_fn(
+    engine,
+    algo: Algorithm,
+    *,
+    temperature: float,
+    pad_id: int,
+    max_tokens: int,
+    stats: dict[str, float] | None = None,
+    chunk_tokens: int | None = None,
+) -> Callable:
     """`stats`: where, for samples without old log-probs (reuses_update_logprobs), the update's own
     log-probs are measured against the engine's and the reference's (sums, see `on_policy_metrics`).
     `chunk_tokens`: engine.logit_chunk_tokens (completion_logprobs)."""
@@ -332,7 +470,9 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
         device = engine.device
         batch = _collate(samples, pad_id, device)
         width = batch.completion_ids.shape[1]
-        logprobs, entropy = completion_logprobs(engine.module, batch, temperature, with_entropy=True, chunk_tokens=chunk_tokens)
+        logprobs, entropy = completion_logprobs(
+            engine.module, batch, temperature, with_entropy=True, chunk_tokens=chunk_tokens
+        )
         mask = batch.loss_mask
         norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": max_tokens}
         if samples[0].old_logprobs is None:
@@ -341,14 +481,29 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
                 _measure_on_policy(stats, old, samples, mask, width, algo)
         else:
             old = _padded([s.old_logprobs for s in samples], width, device)
-        loss, metrics = policy_loss(logprobs, old, _padded([s.advantages for s in samples], width, device), mask, clip_low=algo.clip_low,
-                                    clip_high=algo.clip_high, clip_ratio_c=algo.clip_ratio_c, seq_log_ratio_max=algo.seq_log_ratio_max,
-                                    agg_mode=algo.loss_agg_mode, **norm)
-        out = {"loss/policy": loss.item(), "actor/clip_frac": metrics["clip_frac"], "actor/dual_clip_frac": metrics["dual_clip_frac"],
-               "actor/approx_kl": metrics["approx_kl"]}
+        loss, metrics = policy_loss(
+            logprobs,
+            old,
+            _padded([s.advantages for s in samples], width, device),
+            mask,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            clip_ratio_c=algo.clip_ratio_c,
+            seq_log_ratio_max=algo.seq_log_ratio_max,
+            agg_mode=algo.loss_agg_mode,
+            **norm,
+        )
+        out = {
+            "loss/policy": loss.item(),
+            "actor/clip_frac": metrics["clip_frac"],
+            "actor/dual_clip_frac": metrics["dual_clip_frac"],
+            "actor/approx_kl": metrics["approx_kl"],
+        }
         if algo.needs_reference and algo.kl_placement == "loss":
             ref = _padded([s.ref_logprobs for s in samples], width, device)
-            kl = agg_loss(kl_penalty(logprobs, ref, algo.kl_estimator, k3_clamp=algo.k3_clamp), mask, algo.loss_agg_mode, **norm)
+            kl = agg_loss(
+                kl_penalty(logprobs, ref, algo.kl_estimator, k3_clamp=algo.k3_clamp), mask, algo.loss_agg_mode, **norm
+            )
             loss = loss + algo.kl_coef * kl
             out["loss/kl"] = kl.item()
         # summed over micro-batches and ranks (SUMMED_METRICS): the minibatch's exact token mean, whatever the split
@@ -358,7 +513,14 @@ def policy_loss_fn(engine, algo: Algorithm, *, temperature: float, pad_id: int, 
     return loss_fn
 
 
-def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: list[Sample], mask: torch.Tensor, width: int, algo: Algorithm) -> None:
+def _measure_on_policy(
+    stats: dict[str, float],
+    trainer: torch.Tensor,
+    samples: list[Sample],
+    mask: torch.Tensor,
+    width: int,
+    algo: Algorithm,
+) -> None:
     """Accumulates, over one micro-batch's policy tokens, what `trainer_gap` and `prepare_samples`
     would have measured from a separate old-log-prob pass."""
     m = mask.bool()
@@ -367,7 +529,12 @@ def _measure_on_policy(stats: dict[str, float], trainer: torch.Tensor, samples: 
     stats["gap_sum"] = stats.get("gap_sum", 0.0) + float(gap.sum())
     stats["gap_max"] = max(stats.get("gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
     if samples[0].ref_logprobs is not None:
-        kl = kl_penalty(trainer, _padded([s.ref_logprobs for s in samples], width, trainer.device), algo.kl_estimator, k3_clamp=algo.k3_clamp)[m]
+        kl = kl_penalty(
+            trainer,
+            _padded([s.ref_logprobs for s in samples], width, trainer.device),
+            algo.kl_estimator,
+            k3_clamp=algo.k3_clamp,
+        )[m]
         stats["kl_sum"] = stats.get("kl_sum", 0.0) + float(kl.sum())
 
 
@@ -377,7 +544,10 @@ def on_policy_metrics(stats: dict[str, float], dp: DataParallel = DataParallel()
     stats = combine_stats(dp.gather_objects(stats))
     if not stats.get("tokens"):
         return {}
-    out = {"rollout/logprob_mismatch_max": stats["gap_max"], "rollout/logprob_mismatch_mean": stats["gap_sum"] / stats["tokens"]}
+    out = {
+        "rollout/logprob_mismatch_max": stats["gap_max"],
+        "rollout/logprob_mismatch_mean": stats["gap_sum"] / stats["tokens"],
+    }
     if "kl_sum" in stats:
         out["actor/kl_ref"] = stats["kl_sum"] / stats["tokens"]
     return out
@@ -397,8 +567,14 @@ def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
         batch = _collate(samples, pad_id, engine.device)
         width = batch.completion_ids.shape[1]
         values = token_values(engine.module, batch)
-        loss, metrics = value_loss(values, _padded([s.old_values for s in samples], width, engine.device),
-                                   _padded([s.returns for s in samples], width, engine.device), batch.loss_mask, clip=clip, num_tokens=counts[0])
+        loss, metrics = value_loss(
+            values,
+            _padded([s.old_values for s in samples], width, engine.device),
+            _padded([s.returns for s in samples], width, engine.device),
+            batch.loss_mask,
+            clip=clip,
+            num_tokens=counts[0],
+        )
         return loss, {"critic/value_loss": loss.item(), "critic/value_clip_frac": metrics["value_clip_frac"]}
 
     return loss_fn
@@ -414,8 +590,17 @@ def _sample_shape(sample: Sample) -> tuple[int, int]:
     return _record_shape(sample.record)
 
 
-def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches: int, micro_batch_size: int | None,
-               generator: torch.Generator, prefix: str, max_tokens: int | None = None) -> dict[str, float]:
+def run_update(
+    engine,
+    samples: list[Sample],
+    loss_fn: Callable,
+    *,
+    minibatches: int,
+    micro_batch_size: int | None,
+    generator: torch.Generator,
+    prefix: str,
+    max_tokens: int | None = None,
+) -> dict[str, float]:
     """`minibatches` optimizer steps over shuffled, disjoint minibatches (PPO's inner epoch). Each
     minibatch is split over ranks and micro-batches; the loss is normalized by its global counts,
     so the update does not depend on how it is split (tests/test_engines.py)."""
@@ -425,8 +610,16 @@ def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches:
     sums: dict[str, float] = {}
     for chunk in chunks:
         mine = shard([samples[i] for i in chunk], engine.rank, engine.world_size)
-        metrics = accumulate_step(engine, mine, loss_fn, _counts, micro_batch_size=micro_batch_size, max_tokens=max_tokens, shape=_sample_shape,
-                                  summed=SUMMED_METRICS)
+        metrics = accumulate_step(
+            engine,
+            mine,
+            loss_fn,
+            _counts,
+            micro_batch_size=micro_batch_size,
+            max_tokens=max_tokens,
+            shape=_sample_shape,
+            summed=SUMMED_METRICS,
+        )
         for key, value in metrics.items():
             name = key if "/" in key else f"{prefix}/{key}"  # the engine's grad_norm / lr
             sums[name] = sums.get(name, 0.0) + value / len(chunks)
@@ -435,29 +628,66 @@ def run_update(engine, samples: list[Sample], loss_fn: Callable, *, minibatches:
 
 
 # --------------------------------------------------------------------------- the round
-def build_engines(policy, reference, algo: Algorithm, rl: RLConfig, engine_cfg: EngineConfig, *, device: torch.device | str | None,
-                  gradient_checkpointing: bool) -> dict[str, TrainEngine]:
+def build_engines(
+    policy,
+    reference,
+    algo: Algorithm,
+    rl: RLConfig,
+    engine_cfg: EngineConfig,
+    *,
+    device: torch.device | str | None,
+    gradient_checkpointing: bool,
+) -> dict[str, TrainEngine]:
     """The policy's engine on `device` (None: where the policy is), the critic's (PPO) on
     rl.critic_device, and the frozen reference moved to rl.reference_device; both default to where
     the policy trains."""
-    engines = {"policy": build_engine(policy, engine_cfg, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip, device=device,
-                                      gradient_checkpointing=gradient_checkpointing)}
+    engines = {
+        "policy": build_engine(
+            policy,
+            engine_cfg,
+            lr=rl.learning_rate,
+            betas=(0.9, 0.99),
+            grad_clip=rl.grad_clip,
+            device=device,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+    }
     trains_on = engines["policy"].device
     if reference is not None:
         reference.to(resolve_device(rl.reference_device or trains_on))
     if algo.critic:
         critic_device = resolve_device(rl.critic_device or trains_on)
-        engines["critic"] = build_engine(critic_from_policy(policy, device=critic_device), engine_cfg, lr=rl.ppo.critic_learning_rate, betas=(0.9, 0.99),
-                                         grad_clip=rl.grad_clip, device=critic_device, gradient_checkpointing=gradient_checkpointing)
+        engines["critic"] = build_engine(
+            critic_from_policy(policy, device=critic_device),
+            engine_cfg,
+            lr=rl.ppo.critic_learning_rate,
+            betas=(0.9, 0.99),
+            grad_clip=rl.grad_clip,
+            device=critic_device,
+            gradient_checkpointing=gradient_checkpointing,
+        )
     return engines
 
 
 def train_round(
-    policy, reference, tokenizer, tasks: list[dict], tools: dict[str, Tool], *,
-    rl: RLConfig, rollout: RolloutConfig, cascade: Cascade, round_index: int, policy_version: str, seed: int,
-    engine_cfg: EngineConfig = EngineConfig(), state_dir: Path | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None, task_weights: Mapping[str, float] | None = None,
-    device: torch.device | str | None = None, gradient_checkpointing: bool = False,
+    policy,
+    reference,
+    tokenizer,
+    tasks: list[dict],
+    tools: dict[str, Tool],
+    *,
+    rl: RLConfig,
+    rollout: RolloutConfig,
+    cascade: Cascade,
+    round_index: int,
+    policy_version: str,
+    seed: int,
+    engine_cfg: EngineConfig = EngineConfig(),
+    state_dir: Path | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    task_weights: Mapping[str, float] | None = None,
+    device: torch.device | str | None = None,
+    gradient_checkpointing: bool = False,
 ) -> RoundResult:
     """`task_weights`: the curriculum's sampling weight per task id (training/curriculum.py); None = uniform.
     `reference` may be None when the algorithm's kl_coef is 0. `state_dir`: where resumable state
@@ -472,24 +702,39 @@ def train_round(
     whole weights (under ZeRO-3, the sampler's copy: see below)."""
     algo = resolve_algorithm(rl)
     if algo.needs_reference and reference is None:
-        raise ValueError(f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given")
+        raise ValueError(
+            f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given"
+        )
     zero3 = engine_cfg.kind == "deepspeed" and engine_cfg.zero_stage == 3
     if zero3 and algo.critic:
-        raise ValueError(f"rl.algorithm={rl.algorithm!r} trains a critic, whose value pass needs whole weights: use engine.zero_stage 0-2 "
-                         "(ZeRO-3 partitions them)")
+        raise ValueError(
+            f"rl.algorithm={rl.algorithm!r} trains a critic, whose value pass needs whole weights: use engine.zero_stage 0-2 "
+            "(ZeRO-3 partitions them)"
+        )
     pad_id = tokenizer.eos_token_id
     # ZeRO-3 partitions the trainer's weights across ranks, so rollouts and the log-prob passes run
     # on a whole copy, given the new weights after every update (as a vLLM engine is).
     sampler = copy.deepcopy(policy) if zero3 else None
-    engines = build_engines(policy, reference, algo, rl, engine_cfg, device=device, gradient_checkpointing=gradient_checkpointing)
+    engines = build_engines(
+        policy, reference, algo, rl, engine_cfg, device=device, gradient_checkpointing=gradient_checkpointing
+    )
     if sampler is not None:
         sampler.to(engines["policy"].device).requires_grad_(False).eval()
-    model = sampler if sampler is not None else engines["policy"].model  # samples rollouts; the engine's module computes gradients
+    model = (
+        sampler if sampler is not None else engines["policy"].model
+    )  # samples rollouts; the engine's module computes gradients
     dp = DataParallel.current()
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     by_id = {t["task_id"]: t for t in tasks}
-    state_key = fingerprint(rl=rl.model_dump(), rollout=rollout.model_dump(), round=round_index, seed=seed, version=policy_version,
-                               tasks=len(tasks), engine=engine_cfg.model_dump())
+    state_key = fingerprint(
+        rl=rl.model_dump(),
+        rollout=rollout.model_dump(),
+        round=round_index,
+        seed=seed,
+        version=policy_version,
+        tasks=len(tasks),
+        engine=engine_cfg.model_dump(),
+    )
     result, first_step = RoundResult(), 1
     resumed = load_state(state_dir, state_key)
     if resumed:
@@ -507,11 +752,31 @@ def train_round(
         whole groups; every rank gets the global batch back, in prompt order."""
         prompts = sample_prompts(tasks, task_weights or {}, n_prompts, rng)
         mine = dp.mine(prompts)
-        episodes = run_episodes(rollout_engine, tokenizer, mine, group_size=rl.group_size, tools=tools, cfg=rollout,
-                                group_prefix=f"r{round_index}-s{tag}-", sampling_key=f"seed={seed}/round={round_index}/step={tag}") if mine else []
-        records = [episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer) for e in episodes]
+        episodes = (
+            run_episodes(
+                rollout_engine,
+                tokenizer,
+                mine,
+                group_size=rl.group_size,
+                tools=tools,
+                cfg=rollout,
+                group_prefix=f"r{round_index}-s{tag}-",
+                sampling_key=f"seed={seed}/round={round_index}/step={tag}",
+            )
+            if mine
+            else []
+        )
+        records = [
+            episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer)
+            for e in episodes
+        ]
         scores = score_records(records, by_id, tokenizer, cascade) if records else []
-        groups = dp.gather([(records[i : i + rl.group_size], scores[i : i + rl.group_size]) for i in range(0, len(records), rl.group_size)])
+        groups = dp.gather(
+            [
+                (records[i : i + rl.group_size], scores[i : i + rl.group_size])
+                for i in range(0, len(records), rl.group_size)
+            ]
+        )
         return [r for rs, _ in groups for r in rs], [s for _, ss in groups for s in ss]
 
     # The rollout engine serves the policy's current weights: HF shares its tensors, vLLM gets
@@ -523,7 +788,11 @@ def train_round(
             # 1-2. generate and verify; DAPO refills until enough groups have reward spread
             records, scores = sample(rl.prompts_per_step, step, str(step))
             passes = 1
-            while algo.dynamic_sampling and passes < rl.max_sampling_rounds and _spread_groups(records, scores, rl.group_filter) < rl.prompts_per_step:
+            while (
+                algo.dynamic_sampling
+                and passes < rl.max_sampling_rounds
+                and _spread_groups(records, scores, rl.group_filter) < rl.prompts_per_step
+            ):
                 passes += 1
                 more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
                 records, scores = records + more_records, scores + more_scores
@@ -531,40 +800,99 @@ def train_round(
             merge_stats(result.tier_stats, step_stats)
             result.disagreements += disagreements
             generate_s = time.perf_counter() - start
-            train_records, train_scores = (_first_spread_groups(records, scores, rl.prompts_per_step, rl.group_filter) if algo.dynamic_sampling else (records, scores))
+            train_records, train_scores = (
+                _first_spread_groups(records, scores, rl.prompts_per_step, rl.group_filter)
+                if algo.dynamic_sampling
+                else (records, scores)
+            )
             # 3. reference log-probs, values, advantages
             critic = engines["critic"].model if algo.critic else None
-            samples, prep_metrics = prepare_samples(train_records, train_scores, algo, rl, policy=model, reference=reference, critic=critic,
-                                                    temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens,
-                                                    chunk_tokens=engine_cfg.logit_chunk_tokens, dp=dp) if train_records else ([], {})
+            samples, prep_metrics = (
+                prepare_samples(
+                    train_records,
+                    train_scores,
+                    algo,
+                    rl,
+                    policy=model,
+                    reference=reference,
+                    critic=critic,
+                    temperature=rollout.temperature,
+                    pad_id=pad_id,
+                    max_tokens=engine_cfg.micro_batch_tokens,
+                    chunk_tokens=engine_cfg.logit_chunk_tokens,
+                    dp=dp,
+                )
+                if train_records
+                else ([], {})
+            )
             if not train_records:  # nothing to train on; the engine gap is still measured
-                prep_metrics = trainer_gap(model, records, temperature=rollout.temperature, pad_id=pad_id, max_tokens=engine_cfg.micro_batch_tokens,
-                                           chunk_tokens=engine_cfg.logit_chunk_tokens, dp=dp)[1]
+                prep_metrics = trainer_gap(
+                    model,
+                    records,
+                    temperature=rollout.temperature,
+                    pad_id=pad_id,
+                    max_tokens=engine_cfg.micro_batch_tokens,
+                    chunk_tokens=engine_cfg.logit_chunk_tokens,
+                    dp=dp,
+                )[1]
             # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
-            advantage_of = {s.record["trajectory_id"]: masked_mean(torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])).item() for s in samples}
+            advantage_of = {
+                s.record["trajectory_id"]: masked_mean(
+                    torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])
+                ).item()
+                for s in samples
+            }
             for score in scores:
                 score["advantage"] = advantage_of.get(score["trajectory_id"], 0.0)
             # 4. update: the critic first (PPO), then the policy unless the critic is still warming up
             update: dict[str, float] = {}
             if samples and algo.critic:
-                update |= run_update(engines["critic"], samples, critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id), minibatches=rl.minibatches,
-                                     micro_batch_size=engine_cfg.micro_batch_size, max_tokens=engine_cfg.micro_batch_tokens, generator=generator, prefix="critic")
+                update |= run_update(
+                    engines["critic"],
+                    samples,
+                    critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id),
+                    minibatches=rl.minibatches,
+                    micro_batch_size=engine_cfg.micro_batch_size,
+                    max_tokens=engine_cfg.micro_batch_tokens,
+                    generator=generator,
+                    prefix="critic",
+                )
             if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
                 on_policy: dict[str, float] = {}
-                update |= run_update(engines["policy"], samples, policy_loss_fn(engines["policy"], algo, temperature=rollout.temperature, pad_id=pad_id,
-                                                                                max_tokens=rollout.max_total_tokens, stats=on_policy,
-                                                                                chunk_tokens=engine_cfg.logit_chunk_tokens),
-                                     minibatches=rl.minibatches, micro_batch_size=engine_cfg.micro_batch_size, max_tokens=engine_cfg.micro_batch_tokens,
-                                     generator=generator, prefix="actor")
+                update |= run_update(
+                    engines["policy"],
+                    samples,
+                    policy_loss_fn(
+                        engines["policy"],
+                        algo,
+                        temperature=rollout.temperature,
+                        pad_id=pad_id,
+                        max_tokens=rollout.max_total_tokens,
+                        stats=on_policy,
+                        chunk_tokens=engine_cfg.logit_chunk_tokens,
+                    ),
+                    minibatches=rl.minibatches,
+                    micro_batch_size=engine_cfg.micro_batch_size,
+                    max_tokens=engine_cfg.micro_batch_tokens,
+                    generator=generator,
+                    prefix="actor",
+                )
                 prep_metrics |= on_policy_metrics(on_policy, dp)
                 if sampler is not None:  # gathered from the ZeRO-3 shards (a collective), into the whole copy
                     sampler.load_state_dict(engines["policy"].model_state_dict())
                 update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
             failpoint("rl.update")
             # 5. log, checkpoint
-            metrics = {**rollout_metrics(records, scores), **tier_metrics(step_stats, disagreements), **prep_metrics, **update,
-                       "rollout/sampling_passes": float(passes), "rollout/trained_trajectories": float(len(samples)),
-                       "perf/generate_s": generate_s, "perf/step_s": time.perf_counter() - start}
+            metrics = {
+                **rollout_metrics(records, scores),
+                **tier_metrics(step_stats, disagreements),
+                **prep_metrics,
+                **update,
+                "rollout/sampling_passes": float(passes),
+                "rollout/trained_trajectories": float(len(samples)),
+                "perf/generate_s": generate_s,
+                "perf/step_s": time.perf_counter() - start,
+            }
             result.rollouts += records
             result.rewards += scores
             result.history.append({"step": step, **metrics})
@@ -593,7 +921,9 @@ def _spread_groups(records: list[dict], scores: list[dict], by: str = "reward") 
     return len({r["group_id"] for r, k in zip(records, keep.tolist()) if k})
 
 
-def _first_spread_groups(records: list[dict], scores: list[dict], n_groups: int, by: str = "reward") -> tuple[list[dict], list[dict]]:
+def _first_spread_groups(
+    records: list[dict], scores: list[dict], n_groups: int, by: str = "reward"
+) -> tuple[list[dict], list[dict]]:
     """DAPO's filtered batch: the first `n_groups` groups with spread in `by` (all of them if fewer)."""
     keep = informative_groups(filter_values(scores, by), [r["group_id"] for r in records])
     chosen = list(dict.fromkeys(r["group_id"] for r, k in zip(records, keep.tolist()) if k))[:n_groups]

@@ -15,6 +15,7 @@ as verl's core_algos): the k3 KL estimate is clamped (`k3_clamp`, verl 10), PPO'
 dual-clipped for negative advantages (`clip_ratio_c`, verl 3), and GSPO's sequence log-ratio is
 capped (`seq_log_ratio_max`, verl 10). Past each bound the term is a constant: zero gradient.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,12 +27,27 @@ from torch import Tensor
 from configs.registry import Registry, UnknownNameError
 
 __all__ = [
-    "LOG_RATIO_CLAMP", "UnknownNameError", "Registry",
-    "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "KL_ESTIMATORS", "AGG_MODES",
-    "get_advantage_estimator", "get_policy_loss",
-    "group_stats", "grpo_advantages", "dr_grpo_advantages", "rloo_advantages",
-    "token_logprobs", "entropy_from_logits", "masked_mean", "kl_penalty",
-    "agg_loss", "agg_normalizers", "ppo_clip_loss", "gspo_loss",
+    "LOG_RATIO_CLAMP",
+    "UnknownNameError",
+    "Registry",
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "KL_ESTIMATORS",
+    "AGG_MODES",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "group_stats",
+    "grpo_advantages",
+    "dr_grpo_advantages",
+    "rloo_advantages",
+    "token_logprobs",
+    "entropy_from_logits",
+    "masked_mean",
+    "kl_penalty",
+    "agg_loss",
+    "agg_normalizers",
+    "ppo_clip_loss",
+    "gspo_loss",
 ]
 
 # Log-ratios are clamped to this before exp(): e^20 ~ 5e8 is far outside any trust region, and
@@ -157,7 +173,9 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_ids: Tensor, *, eps:
     return torch.where(constant, 0.0, centered / (scale + eps))
 
 
-def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation (Schulman et al. 2016) over policy tokens, (B, T) each.
 
     delta_t = r_t + gamma * V_{t+1} - V_t ;  A_t = delta_t + gamma * lam * A_{t+1}
@@ -181,8 +199,15 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma
     return advantages, returns
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float,
-               num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float,
+    num_tokens: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped value loss (as in verl / OpenRLHF): 0.5 * max((V - R)^2, (V_clip - R)^2) with
     V_clip = old_V + clip(V - old_V, -clip, clip), averaged over policy tokens. `num_tokens` is the
     global count when the batch is split into micro-batches (see agg_loss)."""
@@ -294,8 +319,15 @@ def _agg_seq_mean_token_sum_norm(masked: Tensor, m: Tensor, num_tokens, num_seqs
     return per_seq.sum() / _den(num_seqs, m.any(-1).sum(), masked)
 
 
-def agg_loss(loss_mat: Tensor, loss_mask: Tensor, mode: str, *, num_tokens: float | Tensor | None = None,
-             num_seqs: float | Tensor | None = None, max_tokens: int | None = None) -> Tensor:
+def agg_loss(
+    loss_mat: Tensor,
+    loss_mask: Tensor,
+    mode: str,
+    *,
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+    max_tokens: int | None = None,
+) -> Tensor:
     """Reduce a per-token loss (B, T) under loss_mask (B, T) to a scalar (verl's agg_loss).
 
     token_mean:              sum(loss * mask) / num_tokens
@@ -319,8 +351,9 @@ def agg_normalizers(loss_mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # --------------------------------------------------------------------------- policy losses
-def _clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float,
-                       clip_ratio_c: float | None) -> tuple[Tensor, Tensor, Tensor]:
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float, clip_ratio_c: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """PPO (Schulman et al. 2017) as a loss: max(-A r, -A clip(r, 1-lo, 1+hi)), plus where the
     clipped branch is active. hi > lo is DAPO's clip-higher: room for low-probability tokens
     to grow, against entropy collapse. `where` (not maximum) sends the gradient to one branch.
@@ -341,8 +374,9 @@ def _clipped_surrogate(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: f
 
 
 @torch.no_grad()
-def _ratio_metrics(ratio: Tensor, is_clipped: Tensor, is_dual_clipped: Tensor, m: Tensor, logprobs: Tensor,
-                   old_logprobs: Tensor) -> dict[str, float]:
+def _ratio_metrics(
+    ratio: Tensor, is_clipped: Tensor, is_dual_clipped: Tensor, m: Tensor, logprobs: Tensor, old_logprobs: Tensor
+) -> dict[str, float]:
     """Diagnostics over mask tokens only. approx_kl is k3 with samples from the old policy,
     i.e. (r - 1) - log r, an unbiased estimate of KL(old || new); unclamped, it is a measurement.
     dual_clip_frac is verl's pg_clipfrac_lower: tokens whose loss the dual-clip capped."""
@@ -357,11 +391,21 @@ def _ratio_metrics(ratio: Tensor, is_clipped: Tensor, is_dual_clipped: Tensor, m
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-                  clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
-                  seq_log_ratio_max: float = 10.0, agg_mode: str = "token_mean",
-                  num_tokens: float | Tensor | None = None, num_seqs: float | Tensor | None = None,
-                  max_tokens: int | None = None) -> tuple[Tensor, dict[str, float]]:
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    seq_log_ratio_max: float = 10.0,
+    agg_mode: str = "token_mean",
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+    max_tokens: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """Token-level PPO clipped surrogate (GRPO / DAPO), dual-clipped at `clip_ratio_c` for A < 0
     (None: off). All inputs (B, T); advantages may be (B, 1). `seq_log_ratio_max` is unused (the
     shared signature; token ratios keep the finite-exp clamp LOG_RATIO_CLAMP, as verl's 20).
@@ -379,11 +423,21 @@ def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, lo
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-              clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
-              seq_log_ratio_max: float = 10.0, agg_mode: str = "seq_mean_token_mean",
-              num_tokens: float | Tensor | None = None, num_seqs: float | Tensor | None = None,
-              max_tokens: int | None = None) -> tuple[Tensor, dict[str, float]]:
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    seq_log_ratio_max: float = 10.0,
+    agg_mode: str = "seq_mean_token_mean",
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+    max_tokens: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"). Inputs (B, T).
 
     The importance ratio is per sequence, s_i = exp(mean_t (logp - old)) over mask tokens, and

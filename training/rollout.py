@@ -29,9 +29,9 @@ from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
 from environments.family import tools_of
 from environments.tools import Tool, ToolResult
+from training.chat import prompt_ids
 from training.rollout_engines import Generation, RolloutEngine, Sampling
 from training.sampling_keys import episode_seed, seeds_from, turn_seed
-from training.chat import prompt_ids
 from training.sequences import encode, encode_observation
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS, TURN_STOPS, first_stop
 
@@ -64,7 +64,13 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")  # chat templates' end-of-message markers
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "</s>",
+)  # chat templates' end-of-message markers
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ class TurnStops:
     @classmethod
     def of(cls, tokenizer, *, fast: bool = True) -> TurnStops:
         vocab = tokenizer.get_vocab()
-        end_ids = {tokenizer.eos_token_id} | {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab and t in tokenizer.all_special_tokens}
+        end_ids = {tokenizer.eos_token_id} | {
+            vocab[t] for t in END_OF_TURN_TOKENS if t in vocab and t in tokenizer.all_special_tokens
+        }
         end_ids.discard(None)
         tag_ids = [encode(tokenizer, stop) for stop in TURN_STOPS]
         if fast and all(len(ids) == 1 for ids in tag_ids):
@@ -93,7 +101,7 @@ def _call_of_turn(text: str, open_tag: str, close_end: int, close_tag: str) -> s
     """The call's text between the turn's last opening tag and the closing tag it stopped on."""
     body = text[: close_end - len(close_tag)]
     at = body.rfind(open_tag)
-    return body[at + len(open_tag):] if at >= 0 else body
+    return body[at + len(open_tag) :] if at >= 0 else body
 
 
 class RolloutEngineError(RuntimeError):
@@ -110,8 +118,10 @@ def _engine_call(engine: RolloutEngine, what: str, episodes: list[Episode]) -> I
         yield
     except Exception as exc:
         unfinished = sum(not e.done for e in episodes)
-        raise RolloutEngineError(f"rollout engine {engine.name!r} failed in {what} with {unfinished} of {len(episodes)} episodes "
-                                 f"unfinished; the batch is abandoned: {type(exc).__name__}: {exc}") from exc
+        raise RolloutEngineError(
+            f"rollout engine {engine.name!r} failed in {what} with {unfinished} of {len(episodes)} episodes "
+            f"unfinished; the batch is abandoned: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _end_sessions(engine, keys: list[str], *, failing: bool) -> None:
@@ -124,8 +134,10 @@ def _end_sessions(engine, keys: list[str], *, failing: bool) -> None:
         except Exception as exc:  # noqa: BLE001 - collected, raised below unless an error is already on its way
             errors.append(exc)
     if errors and not failing:
-        raise RolloutEngineError(f"rollout engine {engine.name!r} failed to end {len(errors)} of {len(keys)} sessions: "
-                                 f"{type(errors[0]).__name__}: {errors[0]}") from errors[0]
+        raise RolloutEngineError(
+            f"rollout engine {engine.name!r} failed to end {len(errors)} of {len(keys)} sessions: "
+            f"{type(errors[0]).__name__}: {errors[0]}"
+        ) from errors[0]
 
 
 def _run_tool(tool: Tool, args: list[str]) -> list[ToolResult]:
@@ -140,20 +152,29 @@ def _run_tool(tool: Tool, args: list[str]) -> list[ToolResult]:
     return results
 
 
-def _dispatch(tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]], pool: ThreadPoolExecutor) -> list[ToolResult]:
+def _dispatch(
+    tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]], pool: ThreadPoolExecutor
+) -> list[ToolResult]:
     """Results in call order. The calls of one tool go out as one batch, and the batches of
     different tools run at the same time on `pool`; a call to a tool the task's family does not
     offer gets an error observation instead of running (the reward's tool_misuse term counts it)."""
     results: list[ToolResult | None] = [None] * len(calls)
     futures = {}
     for name in dict.fromkeys(n for _, n, _ in calls):
-        index = [i for i, (episode, n, _) in enumerate(calls) if n == name and n in tools_of(episode.task["family"]) and n in tools]
+        index = [
+            i
+            for i, (episode, n, _) in enumerate(calls)
+            if n == name and n in tools_of(episode.task["family"]) and n in tools
+        ]
         if index:
             futures[name] = (index, pool.submit(_run_tool, tools[name], [calls[i][2] for i in index]))
     for index, future in futures.values():
         for i, result in zip(index, future.result()):
             results[i] = result
-    return [r if r is not None else ToolResult(f"unknown tool {name}\n", "unknown_tool", 0.0) for r, (_, name, _) in zip(results, calls)]
+    return [
+        r if r is not None else ToolResult(f"unknown tool {name}\n", "unknown_tool", 0.0)
+        for r, (_, name, _) in zip(results, calls)
+    ]
 
 
 def run_episodes(
@@ -183,8 +204,13 @@ def run_episodes(
         sampling_key = str(seeds_from(generator, 1)[0])
     prompts = {t["task_id"]: prompt_ids(tokenizer, t, cfg.system_prompt) for t in tasks}
     episodes = [
-        Episode(task=t, group_id=f"{group_prefix}{t['task_id']}", sample_index=k, prompt_ids=list(prompts[t["task_id"]]),
-                seed=episode_seed(sampling_key, t["task_id"], k))
+        Episode(
+            task=t,
+            group_id=f"{group_prefix}{t['task_id']}",
+            sample_index=k,
+            prompt_ids=list(prompts[t["task_id"]]),
+            seed=episode_seed(sampling_key, t["task_id"], k),
+        )
         for t in tasks
         for k in range(group_size)
     ]
@@ -198,8 +224,12 @@ def run_episodes(
 
 def tool_threads(workers: int, name: str, cpus: set[int] | None) -> ThreadPoolExecutor:
     """Threads that run tool calls, on `cpus` when the rollout keeps cores for tools."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name,
-                              initializer=os.sched_setaffinity if cpus else None, initargs=(0, cpus) if cpus else ())
+    return ThreadPoolExecutor(
+        max_workers=workers,
+        thread_name_prefix=name,
+        initializer=os.sched_setaffinity if cpus else None,
+        initargs=(0, cpus) if cpus else (),
+    )
 
 
 @contextlib.contextmanager
@@ -214,7 +244,9 @@ def split_cores(tool_cores: int, tools: Mapping[str, Tool]) -> Iterator[set[int]
         return
     cpus = sorted(os.sched_getaffinity(0))
     if tool_cores >= len(cpus):
-        raise ValueError(f"rollout.tool_cores={tool_cores} leaves no core for the engine: this process may use {len(cpus)} CPUs {cpus}")
+        raise ValueError(
+            f"rollout.tool_cores={tool_cores} leaves no core for the engine: this process may use {len(cpus)} CPUs {cpus}"
+        )
     engine_cpus, tool_cpus = set(cpus[:-tool_cores]), set(cpus[-tool_cores:])
     placeable = [tool for tool in tools.values() if hasattr(tool, "set_cpus")]
     threads = torch.get_num_threads()
@@ -234,7 +266,9 @@ def split_cores(tool_cores: int, tools: Mapping[str, Tool]) -> Iterator[set[int]
 class _Loop:
     """What one turn does to an episode, and the two schedules that drive turns."""
 
-    def __init__(self, tokenizer, tools: Mapping[str, Tool], cfg: RolloutConfig, sampling: Sampling, *, fast_stops: bool = True):
+    def __init__(
+        self, tokenizer, tools: Mapping[str, Tool], cfg: RolloutConfig, sampling: Sampling, *, fast_stops: bool = True
+    ):
         self.tokenizer, self.tools, self.cfg, self.sampling = tokenizer, tools, cfg, sampling
         self.stops = TurnStops.of(tokenizer, fast=fast_stops)
         self.stop_ids, self.stop_strings = set(self.stops.ids), self.stops.strings
@@ -247,7 +281,10 @@ class _Loop:
         return {"stop_strings": self.stop_strings} if self.stop_strings else {}
 
     def budget(self, episode: Episode) -> int:
-        return min(self.cfg.max_new_tokens_per_turn, self.cfg.max_total_tokens - len(episode.prompt_ids) - len(episode.completion_ids))
+        return min(
+            self.cfg.max_new_tokens_per_turn,
+            self.cfg.max_total_tokens - len(episode.prompt_ids) - len(episode.completion_ids),
+        )
 
     def record_turn(self, episode: Episode, turn: Generation) -> tuple[Episode, str, str] | None:
         """Sampled tokens go in with mask 1; returns the tool call the turn ended on, if any."""
@@ -259,7 +296,9 @@ class _Loop:
         # The turn's stop is the one its last token completed (a stop string spelled earlier in
         # the turn did not stop it: there is none, on the engines' rule, or the fast path's ids).
         text = self.tokenizer.decode(turn.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        before = len(self.tokenizer.decode(turn.ids[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        before = len(
+            self.tokenizer.decode(turn.ids[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
         stop = first_stop(text, after=before)
         if stop and stop[0] in self.closing:
             name = self.closing[stop[0]]
@@ -278,10 +317,16 @@ class _Loop:
             close = self.observation_close[name]
             obs_ids = obs_ids[: max(0, self.cfg.max_observation_tokens - len(close))] + close
         episode.extend(obs_ids, 0)
-        episode.tool_calls.append({
-            "name": name, "args": args, "result": result.observation, "error": result.error,
-            "latency_s": round(result.latency_s, 5), "truncated": truncated,
-        })
+        episode.tool_calls.append(
+            {
+                "name": name,
+                "args": args,
+                "result": result.observation,
+                "error": result.error,
+                "latency_s": round(result.latency_s, 5),
+                "truncated": truncated,
+            }
+        )
         if len(episode.prompt_ids) + len(episode.completion_ids) >= self.cfg.max_total_tokens:
             episode.stop_reason = "max_tokens"
         elif episode.turns >= self.cfg.max_turns:
@@ -295,15 +340,23 @@ class _Loop:
             while waiting and len(active) < limit:
                 active.append(waiting.popleft())
             with _engine_call(engine, "generate", episodes):
-                turns = engine.generate([e.prompt_ids + e.completion_ids for e in active], [self.budget(e) for e in active],
-                                        stop_ids=self.stop_ids, sampling=self.sampling, seeds=[e.turn_seed() for e in active], **self._strings())
+                turns = engine.generate(
+                    [e.prompt_ids + e.completion_ids for e in active],
+                    [self.budget(e) for e in active],
+                    stop_ids=self.stop_ids,
+                    sampling=self.sampling,
+                    seeds=[e.turn_seed() for e in active],
+                    **self._strings(),
+                )
             calls = [call for e, turn in zip(active, turns) if (call := self.record_turn(e, turn))]
             for (episode, name, args), result in zip(calls, _dispatch(self.tools, calls, pool)):
                 self.record_observation(episode, name, args, result)
             failpoint("rl.rollout")
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
-    def continuous(self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, tool_cpus: set[int] | None = None) -> None:
+    def continuous(
+        self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, tool_cpus: set[int] | None = None
+    ) -> None:
         """Each turn is its own engine request (on vLLM, a chunk of the episode's session, so its
         KV cache stays put between turns). Turns that end on a tool call in the same engine step go
         to the tools as one batch on a dispatcher thread; when it returns, those episodes' next
@@ -324,8 +377,15 @@ class _Loop:
                 episode.stop_reason = "max_tokens"
                 return False
             with _engine_call(engine, "submit", episodes):
-                engine.submit(key(episode), episode.prompt_ids + episode.completion_ids, budget, stop_ids=self.stop_ids,
-                              sampling=self.sampling, seed=episode.turn_seed() % 2**31, **self._strings())
+                engine.submit(
+                    key(episode),
+                    episode.prompt_ids + episode.completion_ids,
+                    budget,
+                    stop_ids=self.stop_ids,
+                    sampling=self.sampling,
+                    seed=episode.turn_seed() % 2**31,
+                    **self._strings(),
+                )
             return True
 
         def finish(episode: Episode) -> int:
@@ -359,7 +419,9 @@ class _Loop:
                             self.record_observation(episode, name, args, result)
                             if episode.done or not submit(episode):
                                 live -= finish(episode)
-        except BaseException:  # after a failure too no session outlives the loop (and the tool batches in flight have finished)
+        except (
+            BaseException
+        ):  # after a failure too no session outlives the loop (and the tool batches in flight have finished)
             _end_sessions(engine, [key(e) for e in episodes], failing=True)
             raise
         _end_sessions(engine, [key(e) for e in episodes], failing=False)

@@ -62,9 +62,17 @@ class Generation:
 class RolloutEngine(Protocol):
     name: str
 
-    def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None = None, stop_strings: tuple[str, ...] = (),
-                 seeds: list[int] | None = None) -> list[Generation]: ...  # no stops: exactly budget tokens
+    def generate(
+        self,
+        sequences: list[list[int]],
+        budgets: list[int],
+        *,
+        stop_ids: set[int],
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        stop_strings: tuple[str, ...] = (),
+        seeds: list[int] | None = None,
+    ) -> list[Generation]: ...  # no stops: exactly budget tokens
 
     def sync_weights(self, model) -> float: ...  # seconds taken
 
@@ -109,7 +117,9 @@ class HFEngine:
         character decodes to U+FFFD, which no tag contains)."""
         text = self._texts.get(token)
         if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = self._texts[token] = self.tokenizer.decode(
+                [token], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
         return text
 
     def sync_weights(self, model) -> float:
@@ -121,22 +131,44 @@ class HFEngine:
     def close(self) -> None:
         pass
 
-    def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None = None, stop_strings: tuple[str, ...] = (),
-                 seeds: list[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        sequences: list[list[int]],
+        budgets: list[int],
+        *,
+        stop_ids: set[int],
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        stop_strings: tuple[str, ...] = (),
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
         if stop_strings and self.tokenizer is None:
             raise ValueError(f"stop strings {stop_strings} need the tokenizer: HFEngine(model, tokenizer)")
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(sequences, budgets, stop_ids=stop_ids, sampling=sampling, stop_strings=stop_strings,
-                                seeds=seeds if seeds is not None else seeds_from(generator, len(sequences)))
+            return self._sample(
+                sequences,
+                budgets,
+                stop_ids=stop_ids,
+                sampling=sampling,
+                stop_strings=stop_strings,
+                seeds=seeds if seeds is not None else seeds_from(generator, len(sequences)),
+            )
         finally:  # after a failure too: the trainer's model goes back in the mode it came in
             self.model.train(was_training)
 
     @torch.no_grad()
-    def _sample(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                seeds: list[int], stop_strings: tuple[str, ...] = ()) -> list[Generation]:
+    def _sample(
+        self,
+        sequences: list[list[int]],
+        budgets: list[int],
+        *,
+        stop_ids: set[int],
+        sampling: Sampling,
+        seeds: list[int],
+        stop_strings: tuple[str, ...] = (),
+    ) -> list[Generation]:
         model = self.model
         device = next(model.parameters()).device
         pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
@@ -144,13 +176,15 @@ class HFEngine:
         input_ids = torch.full((B, L), pad_id, dtype=torch.long)
         attention = torch.zeros((B, L), dtype=torch.long)
         for i, seq in enumerate(sequences):  # left padding: every row's next token is column L
-            input_ids[i, L - len(seq):] = torch.tensor(seq)
-            attention[i, L - len(seq):] = 1
+            input_ids[i, L - len(seq) :] = torch.tensor(seq)
+            attention[i, L - len(seq) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         # the LM head on the last position only: a prefill's (rows, tokens, vocab) logits are GBs at
         # a real model's 49k-152k vocabulary, and only the next token's are read
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         cache, logits = out.past_key_values, out.logits[:, -1]
         next_pos = positions[:, -1:] + 1
         budget = torch.tensor(budgets, device=device)
@@ -159,7 +193,9 @@ class HFEngine:
         rows = [Generation([], []) for _ in range(B)]
         tails = [""] * B  # per row: the end of its text so far, long enough to hold a stop string's start
         keep_chars = max(map(len, stop_strings), default=1) - 1
-        last_chars = {stop[-1] for stop in stop_strings}  # a stop is completed only by a token holding its last character
+        last_chars = {
+            stop[-1] for stop in stop_strings
+        }  # a stop is completed only by a token holding its last character
         row_of = list(range(B))  # batch position -> row of `sequences` (positions shrink as rows stop)
         for step in range(max(budgets, default=0)):
             logp = processed_logprobs(logits, sampling)
@@ -198,8 +234,14 @@ class HFEngine:
                 finished, row_of = finished[keep], [row_of[i] for i in keep.tolist()]
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_pos, past_key_values=cache, use_cache=True,
-                        logits_to_keep=1)
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=attention,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
         return rows
 
@@ -221,8 +263,12 @@ def _without_unscannable_modules():
     only while the engine starts, and put back unchanged."""
     with warnings.catch_warnings():  # touching deprecated module attributes warns; the scan only looks
         warnings.simplefilter("ignore")
-        hidden = {name: module for name, module in list(sys.modules.items())
-                  if isinstance(getattr(module, "__dict__", None), dict) and any(_unscannable(v) for v in list(vars(module).values()))}
+        hidden = {
+            name: module
+            for name, module in list(sys.modules.items())
+            if isinstance(getattr(module, "__dict__", None), dict)
+            and any(_unscannable(v) for v in list(vars(module).values()))
+        }
     for name in hidden:
         del sys.modules[name]
     try:
@@ -246,7 +292,9 @@ def _vllm_environment() -> None:
     """vLLM's engine core in this process (no spawned engine process): the trainer's weights can
     then be loaded into it directly, and Dagster's step process owns no stray children."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # tensor-parallel workers get `_reload_from_folder` pickled
+    os.environ.setdefault(
+        "VLLM_ALLOW_INSECURE_SERIALIZATION", "1"
+    )  # tensor-parallel workers get `_reload_from_folder` pickled
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
@@ -334,10 +382,14 @@ class VLLMEngine:
     def from_model(cls, model, tokenizer, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32") -> VLLMEngine:
         """Start on an in-memory model by saving it to a temporary HF folder first."""
         with tempfile.TemporaryDirectory(prefix="vllm-weights-") as folder:
-            save_engine_folder(merged(model), tokenizer, Path(folder))  # LoRA adapters folded in: vLLM serves a plain model
+            save_engine_folder(
+                merged(model), tokenizer, Path(folder)
+            )  # LoRA adapters folded in: vLLM serves a plain model
             return cls(folder, cfg, seed=seed, dtype=dtype)
 
-    def _params(self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int, stop_strings: tuple[str, ...] = ()):
+    def _params(
+        self, budget: int, stop_ids: set[int], sampling: Sampling, seed: int, stop_strings: tuple[str, ...] = ()
+    ):
         """Sampling parameters of one request. Building them runs vLLM's validation (~0.1 ms); the
         agent loop asks for hundreds per step that differ only in budget and seed, so those are
         set on a shallow copy of one validated template per stop set and sampling."""
@@ -371,13 +423,23 @@ class VLLMEngine:
             skip_clone=True,  # a fresh object per request: vLLM's defensive deep copy is wasted work
         )
 
-    def generate(self, sequences: list[list[int]], budgets: list[int], *, stop_ids: set[int], sampling: Sampling,
-                 generator: torch.Generator | None = None, stop_strings: tuple[str, ...] = (),
-                 seeds: list[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        sequences: list[list[int]],
+        budgets: list[int],
+        *,
+        stop_ids: set[int],
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        stop_strings: tuple[str, ...] = (),
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         if self._running or self._sessions:  # LLM.generate would also wait for them, forever
-            raise RuntimeError(f"generate() with {len(self._running)} turns in flight and {len(self._sessions)} open sessions")
+            raise RuntimeError(
+                f"generate() with {len(self._running)} turns in flight and {len(self._sessions)} open sessions"
+            )
         seeds = seeds if seeds is not None else seeds_from(generator, len(sequences))
         rows = [Generation([], []) for _ in sequences]
         live = [i for i, b in enumerate(budgets) if b > 0]
@@ -396,8 +458,17 @@ class VLLMEngine:
     # episode is one vLLM streaming-input session: its KV cache stays in the engine between turns
     # and the next turn appends only what is new (the observation), instead of a new request that
     # recomputes the prefix's last partial block and everything after it.
-    def submit(self, key: str, sequence: list[int], budget: int, *, stop_ids: set[int], sampling: Sampling, seed: int,
-               stop_strings: tuple[str, ...] = ()) -> None:
+    def submit(
+        self,
+        key: str,
+        sequence: list[int],
+        budget: int,
+        *,
+        stop_ids: set[int],
+        sampling: Sampling,
+        seed: int,
+        stop_strings: tuple[str, ...] = (),
+    ) -> None:
         """Start or continue episode `key` on `sequence` (its whole id sequence so far). A session's
         seed is the one its first turn brought: its generator runs on across turns.
 
@@ -420,11 +491,11 @@ class VLLMEngine:
             context = self._sessions.get(key)
             if context is None:
                 new = list(sequence)
-            elif list(sequence[:len(context)]) != context:
+            elif list(sequence[: len(context)]) != context:
                 raise ValueError(f"episode {key!r}: the new turn's ids do not extend what the engine holds for it")
             else:
                 # vLLM keeps the KV of all but the last sampled id; that id comes back as input
-                new = list(sequence[len(context) - 1:])
+                new = list(sequence[len(context) - 1 :])
             self._add_session_chunk(key, new, params)
             self._sessions[key] = list(sequence)
         self._running[key] = self._sampled.get(key, 0)
@@ -437,7 +508,9 @@ class VLLMEngine:
 
         engine = self.llm.llm_engine
         # an already-rendered token input: vLLM's raw-prompt path would parse and render it again
-        request = engine.input_processor.process_inputs(key, tokens_input(ids), params, supported_tasks=engine.get_supported_tasks(), resumable=True)
+        request = engine.input_processor.process_inputs(
+            key, tokens_input(ids), params, supported_tasks=engine.get_supported_tasks(), resumable=True
+        )
         request.external_req_id = key
         engine.output_processor.add_request(request, None, None, 0)
         core = copy.copy(request)
@@ -465,7 +538,9 @@ class VLLMEngine:
         for out in outputs:  # a session's turn ends (finish_reason set) without its request finishing
             step, start = out.outputs[0], self._running.pop(out.request_id)
             ids = list(step.token_ids[start:])
-            done.append((out.request_id, Generation(ids, [float(lp[t].logprob) for lp, t in zip(step.logprobs[start:], ids)])))
+            done.append(
+                (out.request_id, Generation(ids, [float(lp[t].logprob) for lp, t in zip(step.logprobs[start:], ids)]))
+            )
             if out.request_id in self._sessions:
                 self._sessions[out.request_id] += ids
                 self._sampled[out.request_id] = len(step.token_ids)
@@ -476,13 +551,18 @@ class VLLMEngine:
         token per step, so no new token since the last check means none can be scheduled: the KV
         cache is held by sessions waiting on their tools."""
         processor = self.llm.llm_engine.output_processor
-        sampled = sum(processor.request_states[i].detokenizer.num_output_tokens()
-                      for key in self._running for i in processor.external_req_ids.get(key, ()) if i in processor.request_states)
+        sampled = sum(
+            processor.request_states[i].detokenizer.num_output_tokens()
+            for key in self._running
+            for i in processor.external_req_ids.get(key, ())
+            if i in processor.request_states
+        )
         if sampled == self._progress_mark:
             raise RuntimeError(
                 f"vLLM made no progress in {STALLED_STEPS} steps with {len(self._running)} turns in flight and {len(self._sessions)} "
                 f"open sessions: the KV cache is full. Raise rollout.vllm.kv_cache_memory_mb (now {self.cfg.vllm.kv_cache_memory_mb}), "
-                f"lower rollout.max_batch_size (now {self.cfg.max_batch_size}), or set rollout.vllm.sessions: false")
+                f"lower rollout.max_batch_size (now {self.cfg.max_batch_size}), or set rollout.vllm.sessions: false"
+            )
         self._progress_mark, self._idle_steps = sampled, 0
 
     def busy(self) -> bool:
@@ -497,7 +577,9 @@ class VLLMEngine:
         model = merged(model)  # LoRA adapters folded in (a copy); a plain model passes through
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and self.cfg.vllm.tensor_parallel_size == 1
         if via == "memory" and not in_process:
-            raise ValueError("sync_weights(via='memory') needs the engine in this process (tensor_parallel_size 1, VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+            raise ValueError(
+                "sync_weights(via='memory') needs the engine in this process (tensor_parallel_size 1, VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+            )
         if via == "memory" or (via == "auto" and in_process):
             # The engine runs in this process: hand it the tensors (vLLM re-applies its own layout).
             weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
@@ -508,7 +590,10 @@ class VLLMEngine:
             with tempfile.TemporaryDirectory(prefix="vllm-sync-") as folder:
                 # the full state dict, tied lm_head included: vLLM keeps its own copy of a tied head,
                 # and a reload without it would serve the new body with the old head
-                save_file({name: t.detach().contiguous().clone() for name, t in model.state_dict().items()}, f"{folder}/weights.safetensors")
+                save_file(
+                    {name: t.detach().contiguous().clone() for name, t in model.state_dict().items()},
+                    f"{folder}/weights.safetensors",
+                )
                 self.llm.collective_rpc(_reload_from_folder, args=(folder,))
         self.llm.reset_prefix_cache()
         return time.perf_counter() - start
@@ -534,5 +619,7 @@ class VLLMEngine:
 def build_rollout_engine(cfg: RolloutConfig, model, tokenizer, *, seed: int = 0) -> RolloutEngine:
     """The engine `rollout.engine` names, serving `model`'s current weights."""
     if cfg.engine == "vllm":  # served in the trainer's dtype (fp32 here, bf16 on GPU profiles)
-        return VLLMEngine.from_model(model, tokenizer, cfg, seed=seed, dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
+        return VLLMEngine.from_model(
+            model, tokenizer, cfg, seed=seed, dtype=str(next(model.parameters()).dtype).removeprefix("torch.")
+        )
     return HFEngine(model, tokenizer)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from environments.family import tools_of
 from environments.base import task_view
+from environments.family import tools_of
 from training.rollout import Episode
 from training.sequences import policy_spans
 from verifiers.cascade import Cascade, TierStats, tier_metrics
@@ -53,23 +53,25 @@ def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, 
     breakdowns = cascade.score_many(items, keys=[r["trajectory_id"] for r in records])
     rows = []
     for record, (candidate, _), b in zip(records, items, breakdowns):
-        rows.append({
-            "trajectory_id": record["trajectory_id"],
-            "task_id": record["task_id"],
-            "group_id": record["group_id"],
-            "family": record["family"],
-            "level": int(record["level"]),
-            "round": int(record["round"]),
-            "step": int(record["step"]),
-            "reward": b.reward,
-            "outcome": b.outcome,
-            **{f"reward_{name}": value for name, value in b.components.items()},
-            "well_formed": float(is_well_formed(candidate.policy_turns, candidate.tools)),
-            "num_tool_calls": int(record["num_tool_calls"]),
-            "policy_tokens": candidate.num_policy_tokens,
-            "tier": b.tier,
-            "details": json.dumps(b.details),
-        })
+        rows.append(
+            {
+                "trajectory_id": record["trajectory_id"],
+                "task_id": record["task_id"],
+                "group_id": record["group_id"],
+                "family": record["family"],
+                "level": int(record["level"]),
+                "round": int(record["round"]),
+                "step": int(record["step"]),
+                "reward": b.reward,
+                "outcome": b.outcome,
+                **{f"reward_{name}": value for name, value in b.components.items()},
+                "well_formed": float(is_well_formed(candidate.policy_turns, candidate.tools)),
+                "num_tool_calls": int(record["num_tool_calls"]),
+                "policy_tokens": candidate.num_policy_tokens,
+                "tier": b.tier,
+                "details": json.dumps(b.details),
+            }
+        )
     return rows
 
 
@@ -77,18 +79,23 @@ def reward_summary(rows: list[dict], tier_stats: dict[str, TierStats], disagreem
     """What `verified_rewards` reports in Dagster and MLflow: each component's mean, the
     unscorable count, and per-tier calls, pass rate and latency."""
     n = max(len(rows), 1)
-    out = {"reward/mean": sum(r["reward"] for r in rows) / n,
-           "reward/outcome/pass_rate": sum(r["outcome"] or 0.0 for r in rows) / n,
-           "reward/unscorable": float(sum(r["outcome"] is None for r in rows))}
-    for key in (rows[0] if rows else {}):
+    out = {
+        "reward/mean": sum(r["reward"] for r in rows) / n,
+        "reward/outcome/pass_rate": sum(r["outcome"] or 0.0 for r in rows) / n,
+        "reward/unscorable": float(sum(r["outcome"] is None for r in rows)),
+    }
+    for key in rows[0] if rows else {}:
         if key.startswith("reward_"):
-            out[f"reward/{key[len('reward_'):]}/mean"] = sum(r[key] for r in rows) / n
+            out[f"reward/{key[len('reward_') :]}/mean"] = sum(r[key] for r in rows) / n
     return {**out, **tier_metrics(tier_stats, disagreements)}
 
 
 def tier_table(tier_stats: dict[str, TierStats]) -> str:
     """Markdown: where verification time went."""
-    lines = ["| tier | calls | pass rate | unscorable | mean latency (ms) | total (s) |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| tier | calls | pass rate | unscorable | mean latency (ms) | total (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for tier, s in tier_stats.items():
         rate = f"{s.passed / s.calls:.3f}" if s.calls else "-"
         latency = f"{1000 * s.seconds / s.calls:.3f}" if s.calls else "-"
@@ -118,7 +125,17 @@ def disagreements(baseline: list[dict], audited: list[dict], records: list[dict]
         else:
             kind = "training_only" if a > b else "audit_only"
         record = by_id[old["trajectory_id"]]
-        rows.append({"trajectory_id": old["trajectory_id"], "task_id": old["task_id"], "kind": kind,
-                     "baseline_outcome": a, "audit_outcome": b, "baseline_reward": float(old["reward"]), "audit_reward": float(new["reward"]),
-                     "audit_details": new["details"], "completion": tokenizer.decode(list(record["completion_ids"]))})
+        rows.append(
+            {
+                "trajectory_id": old["trajectory_id"],
+                "task_id": old["task_id"],
+                "kind": kind,
+                "baseline_outcome": a,
+                "audit_outcome": b,
+                "baseline_reward": float(old["reward"]),
+                "audit_reward": float(new["reward"]),
+                "audit_details": new["details"],
+                "completion": tokenizer.decode(list(record["completion_ids"])),
+            }
+        )
     return rows

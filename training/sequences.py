@@ -108,8 +108,14 @@ def collate(prompts: list[list[int]], completions: list[list[int]], tool_masks: 
 def to_device(batch: Batch, device: torch.device | str) -> Batch:
     """The batch with every tensor on `device`. `collate` builds on the CPU; each pass moves its
     batch once, to the device of the model it runs on (policy, reference and critic may differ)."""
-    return replace(batch, **{f.name: getattr(batch, f.name).to(device, non_blocking=True)
-                             for f in fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)})
+    return replace(
+        batch,
+        **{
+            f.name: getattr(batch, f.name).to(device, non_blocking=True)
+            for f in fields(batch)
+            if isinstance(getattr(batch, f.name), torch.Tensor)
+        },
+    )
 
 
 def completion_logits(model, batch: Batch) -> torch.Tensor:
@@ -118,13 +124,19 @@ def completion_logits(model, batch: Batch) -> torch.Tensor:
     logits, and at a 1,024-token vocabulary the head is a fifth of the `tiny` model's matmuls.
     The whole (B, C, V) tensor in fp32: for small models and tests; training passes use
     `completion_logprobs`, which never holds it."""
-    P, C = batch.prompt_width, batch.completion_ids.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=C + 1)
+    C = batch.completion_ids.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=C + 1,
+    )
     return out.logits[:, :C].float()
 
 
-def completion_logprobs(model, batch: Batch, temperature: float = 1.0, *, with_entropy: bool = False,
-                        chunk_tokens: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs(
+    model, batch: Batch, temperature: float = 1.0, *, with_entropy: bool = False, chunk_tokens: int | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(completion token), (B, C) float32, and with `with_entropy` also the entropy of each
     position's distribution, (B, C): `token_logprobs(completion_logits(...))` and
     `entropy_from_logits(...)` (same positions, temperature and padding; equal up to the rounding
@@ -149,7 +161,11 @@ def completion_logprobs(model, batch: Batch, temperature: float = 1.0, *, with_e
     pieces = []
     for start in range(0, ids.numel(), step):
         args = (head, autocast, hidden[start : start + step], ids[start : start + step], temperature, with_entropy)
-        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False, preserve_rng_state=False) if recompute else _chunk_logprobs(*args))
+        pieces.append(
+            checkpoint(_chunk_logprobs, *args, use_reentrant=False, preserve_rng_state=False)
+            if recompute
+            else _chunk_logprobs(*args)
+        )
     logprobs = torch.cat([p[0] for p in pieces]).view(-1, C)
     return (logprobs, torch.cat([p[1] for p in pieces]).view(-1, C)) if with_entropy else logprobs
 
@@ -167,8 +183,13 @@ def _head_inputs(model, batch: Batch, keep: int) -> tuple[torch.Tensor, tuple[st
 
     handle = head.register_forward_pre_hook(take)
     try:
-        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=keep,
-              use_cache=False)
+        model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=keep,
+            use_cache=False,
+        )
     finally:
         handle.remove()
     if len(seen) != 1:
@@ -176,8 +197,14 @@ def _head_inputs(model, batch: Batch, keep: int) -> tuple[torch.Tensor, tuple[st
     return seen[0]
 
 
-def _chunk_logprobs(head, autocast: tuple[str, torch.dtype, bool], hidden: torch.Tensor, ids: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, ...]:
+def _chunk_logprobs(
+    head,
+    autocast: tuple[str, torch.dtype, bool],
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, ...]:
     """One chunk: head -> (n, V) logits -> log-probs of `ids` (n,), and entropy (n,) if asked."""
     device, dtype, enabled = autocast
     with torch.autocast(device, dtype=dtype, enabled=enabled):  # as the model's own head would have run

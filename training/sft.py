@@ -36,13 +36,26 @@ def warmup_cosine(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def sft_loss(model, examples: list[Example], pad_id: int, num_tokens: float | torch.Tensor | None = None, *,
-             chunk_tokens: int | None = None) -> tuple[torch.Tensor, int]:
+def sft_loss(
+    model,
+    examples: list[Example],
+    pad_id: int,
+    num_tokens: float | torch.Tensor | None = None,
+    *,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, int]:
     """Negative log-likelihood over policy tokens (tool output and padding masked), divided by
     `num_tokens` (the whole batch's count when this is one micro-batch of it; default: this one's).
     The batch goes to the model's device; `chunk_tokens`: engine.logit_chunk_tokens."""
-    batch = to_device(collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], [e.tool_mask for e in examples], pad_id),
-                      model_device(model))
+    batch = to_device(
+        collate(
+            [e.prompt_ids for e in examples],
+            [e.completion_ids for e in examples],
+            [e.tool_mask for e in examples],
+            pad_id,
+        ),
+        model_device(model),
+    )
     logprobs = completion_logprobs(model, batch, chunk_tokens=chunk_tokens)
     return agg_loss(-logprobs, batch.loss_mask, "token_mean", num_tokens=num_tokens), int(batch.loss_mask.sum())
 
@@ -64,7 +77,9 @@ def digest(what) -> str:
             h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     else:
         for e in what:
-            h.update(json.dumps([e.prompt_ids, e.completion_ids, e.tool_mask], default=int).encode())  # ids may be numpy ints (parquet)
+            h.update(
+                json.dumps([e.prompt_ids, e.completion_ids, e.tool_mask], default=int).encode()
+            )  # ids may be numpy ints (parquet)
     return h.hexdigest()
 
 
@@ -89,15 +104,34 @@ def train_sft(
     where it is); `gradient_checkpointing`: `model.gradient_checkpointing`."""
     if not examples:
         raise ValueError("no SFT examples")
-    engine = build_engine(model, engine_cfg, lr=cfg.learning_rate, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                          lr_lambda=lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps), device=device,
-                          gradient_checkpointing=gradient_checkpointing)
+    engine = build_engine(
+        model,
+        engine_cfg,
+        lr=cfg.learning_rate,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
+        grad_clip=cfg.grad_clip,
+        lr_lambda=lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps),
+        device=device,
+        gradient_checkpointing=gradient_checkpointing,
+    )
     engine.train()
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
     start, tokens_seen, first_step = time.perf_counter(), 0, 1
     # the same config, data and starting weights: state of another SFT in the same home is never resumed
-    state_key = fingerprint(sft=cfg.model_dump(), seed=seed, engine=engine_cfg.model_dump(), pad_id=pad_id, data=digest(examples), init=digest(model)) if state_dir else ""
+    state_key = (
+        fingerprint(
+            sft=cfg.model_dump(),
+            seed=seed,
+            engine=engine_cfg.model_dump(),
+            pad_id=pad_id,
+            data=digest(examples),
+            init=digest(model),
+        )
+        if state_dir
+        else ""
+    )
     resumed = load_state(state_dir, state_key)
     if resumed:
         folder, loop = resumed
@@ -108,7 +142,9 @@ def train_sft(
         first_step = loop["step"] + 1
 
     def loss_fn(chunk: list[Example], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, n = sft_loss(engine.module, chunk, pad_id, num_tokens=counts[0], chunk_tokens=engine_cfg.logit_chunk_tokens)
+        loss, n = sft_loss(
+            engine.module, chunk, pad_id, num_tokens=counts[0], chunk_tokens=engine_cfg.logit_chunk_tokens
+        )
         return loss, {"policy_tokens_per_row": n / len(chunk)}  # the engine averages metrics over rows
 
     for step in range(first_step, cfg.steps + 1):
@@ -116,8 +152,15 @@ def train_sft(
         index = torch.randint(len(examples), (cfg.batch_size,), generator=generator).tolist()
         rows = shard([examples[i] for i in index], engine.rank, engine.world_size)
         # 2-3. loss on policy tokens only, one optimizer step
-        metrics = accumulate_step(engine, rows, loss_fn, _policy_tokens, micro_batch_size=engine_cfg.micro_batch_size,
-                                  max_tokens=engine_cfg.micro_batch_tokens, shape=_shape)
+        metrics = accumulate_step(
+            engine,
+            rows,
+            loss_fn,
+            _policy_tokens,
+            micro_batch_size=engine_cfg.micro_batch_size,
+            max_tokens=engine_cfg.micro_batch_tokens,
+            shape=_shape,
+        )
         tokens_seen += int(metrics["policy_tokens_per_row"] * cfg.batch_size)
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - start
@@ -131,7 +174,16 @@ def train_sft(
             if on_log:
                 on_log(step, metrics)
         if state_dir is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            save_state(state_dir, step, state_key, {"policy": engine}, None, generator, history, DataParallel(engine.rank, engine.world_size))
+            save_state(
+                state_dir,
+                step,
+                state_key,
+                {"policy": engine},
+                None,
+                generator,
+                history,
+                DataParallel(engine.rank, engine.world_size),
+            )
         failpoint("sft.step")
     engine.eval()
     engine.finish()  # ZeRO-3: `model` holds whole weights again, for the caller to save

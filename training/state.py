@@ -38,8 +38,16 @@ def fingerprint(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_state(state_dir: Path, step: int, key: str, engines: dict, rng: random.Random | None, generator: torch.Generator, progress,
-               dp: DataParallel = DataParallel()) -> None:
+def save_state(
+    state_dir: Path,
+    step: int,
+    key: str,
+    engines: dict,
+    rng: random.Random | None,
+    generator: torch.Generator,
+    progress,
+    dp: DataParallel = DataParallel(),
+) -> None:
     """Everything a resumed loop needs to continue bitwise: engines (weights, optimizer,
     scheduler), RNG states, the step counter and `progress` (what the loop has produced so far).
     Written to a temporary folder and renamed, then LATEST is replaced: a kill at any moment
@@ -56,8 +64,17 @@ def save_state(state_dir: Path, step: int, key: str, engines: dict, rng: random.
         engine.save_state(tmp / name)
     dp.barrier()
     if dp.leader:
-        torch.save({"step": step, "fingerprint": key, "python_rng": rng.getstate() if rng else None, "generator": generator.get_state(),
-                    "torch_rng": torch.get_rng_state(), "result": progress}, tmp / "loop.pt")
+        torch.save(
+            {
+                "step": step,
+                "fingerprint": key,
+                "python_rng": rng.getstate() if rng else None,
+                "generator": generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "result": progress,
+            },
+            tmp / "loop.pt",
+        )
         (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -79,8 +96,10 @@ def load_state(state_dir: Path | None, key: str) -> tuple[Path, dict] | None:
     found = _digests(folder) if folder.is_dir() else {}
     if expected != found:
         damaged = sorted(name for name in {*(expected or {}), *found} if (expected or {}).get(name) != found.get(name))
-        raise CorruptState(f"resume state {folder} does not match its manifest ({'no manifest' if expected is None else 'files ' + ', '.join(damaged)}): "
-                           f"delete {state_dir} to start this loop over, then re-execute")
+        raise CorruptState(
+            f"resume state {folder} does not match its manifest ({'no manifest' if expected is None else 'files ' + ', '.join(damaged)}): "
+            f"delete {state_dir} to start this loop over, then re-execute"
+        )
     loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state, checked above
     if loop["fingerprint"] != key:
         return None  # another config or run: never resume across them

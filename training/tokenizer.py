@@ -26,8 +26,10 @@ EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, *TAGS]
 
 
-CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]
 
 
@@ -55,14 +57,23 @@ def _train(corpus: list[str], vocab_size: int, special_tokens: list[str], **kwar
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, initial_alphabet=alphabet, show_progress=False
+    )
     tok.train_from_iterator(corpus, trainer=trainer)
     model = json.loads(tok.to_str())["model"]
-    return Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]],
-                          clean_up_tokenization_spaces=False, **kwargs)
+    return Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]],
+        clean_up_tokenization_spaces=False,
+        **kwargs,
+    )
 
 
 def tag_tokens(tokenizer) -> dict[str, list[int]]:

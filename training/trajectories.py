@@ -10,10 +10,9 @@ from collections.abc import Iterator, Mapping
 
 from configs.schema import TeacherConfig
 from environments.arithmetic import answer_turn
-from environments.base import Demonstration
+from environments.base import Demonstration, KnowledgeBase
 from environments.families import demonstrations, mixture_counts, with_detours
 from environments.family import get_family
-from environments.search import KnowledgeBase
 from environments.sft_files import FileTrajectory, answer_text
 from environments.tools import Tool, ToolResult, wrap_observation
 from training.chat import prompt_ids
@@ -29,7 +28,9 @@ def tokenizer_corpus(tasks: list[dict], documents: list[str] = ()) -> Iterator[s
         yield from get_family(task["family"]).tokenizer_texts(task)
     for text in documents:
         yield wrap_observation(text, "search")
-    yield wrap_observation("NameError: name 'x' is not defined\nSyntaxError: invalid syntax\nZeroDivisionError: division by zero\n")
+    yield wrap_observation(
+        "NameError: name 'x' is not defined\nSyntaxError: invalid syntax\nZeroDivisionError: division by zero\n"
+    )
     yield wrap_observation("no results\n", "search")
 
 
@@ -64,8 +65,16 @@ def trajectory_ids(tokenizer, demo: Demonstration, results: list[ToolResult]) ->
     return completion_ids + answer_ids, tool_mask + answer_mask, loss_mask + answer_mask
 
 
-def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Tool], *, teacher: TeacherConfig, seed: int,
-                           kb: KnowledgeBase | None = None, system_prompt: str | None = None) -> list[dict]:
+def build_sft_trajectories(
+    tasks: list[dict],
+    tokenizer,
+    tools: Mapping[str, Tool],
+    *,
+    teacher: TeacherConfig,
+    seed: int,
+    kb: KnowledgeBase | None = None,
+    system_prompt: str | None = None,
+) -> list[dict]:
     """Rows of `sft_trajectories`: ids, tool_mask (0 on observations), and the teacher's strategy
     and correctness for the data report. Families share `teacher.num_trajectories` by `mixture`.
     Prompts are rendered as rollouts render them (the chat template, `system_prompt`)."""
@@ -74,30 +83,44 @@ def build_sft_trajectories(tasks: list[dict], tokenizer, tools: Mapping[str, Too
         by_family.setdefault(task["family"], []).append(task)
     counts = mixture_counts(teacher, {f: len(ts) for f, ts in by_family.items()})
     by_id = {t["task_id"]: t for t in tasks}
-    demos = [d for f, n in counts.items()
-             for d in with_detours(f, list(demonstrations(f, by_family[f], n, seed=seed, teacher=teacher, kb=kb)), by_id, teacher, seed=seed, kb=kb)]
+    demos = [
+        d
+        for f, n in counts.items()
+        for d in with_detours(
+            f,
+            list(demonstrations(f, by_family[f], n, seed=seed, teacher=teacher, kb=kb)),
+            by_id,
+            teacher,
+            seed=seed,
+            kb=kb,
+        )
+    ]
     prompts = {d.task_id: prompt_ids(tokenizer, by_id[d.task_id], system_prompt) for d in demos}
     rows = []
     for i, (demo, results) in enumerate(zip(demos, run_steps(demos, tools))):
         task = by_id[demo.task_id]
         completion_ids, tool_mask, loss_mask = trajectory_ids(tokenizer, demo, results)
-        rows.append({
-            "trajectory_id": f"sft-{i:06d}",
-            "task_id": demo.task_id,
-            "family": task["family"],
-            "level": int(task["level"]),
-            "strategy": demo.strategy,
-            "prompt_ids": prompts[demo.task_id],
-            "completion_ids": completion_ids,
-            "tool_mask": tool_mask,
-            "loss_mask": loss_mask,
-            "completion": tokenizer.decode(completion_ids),
-            "correct": demo.correct,
-        })
+        rows.append(
+            {
+                "trajectory_id": f"sft-{i:06d}",
+                "task_id": demo.task_id,
+                "family": task["family"],
+                "level": int(task["level"]),
+                "strategy": demo.strategy,
+                "prompt_ids": prompts[demo.task_id],
+                "completion_ids": completion_ids,
+                "tool_mask": tool_mask,
+                "loss_mask": loss_mask,
+                "completion": tokenizer.decode(completion_ids),
+                "correct": demo.correct,
+            }
+        )
     return rows
 
 
-def file_trajectory_rows(trajectories: list[FileTrajectory], tokenizer, *, system_prompt: str | None = None, start: int = 0) -> list[dict]:
+def file_trajectory_rows(
+    trajectories: list[FileTrajectory], tokenizer, *, system_prompt: str | None = None, start: int = 0
+) -> list[dict]:
     """Rows of `sft_trajectories` from a user's chat-messages file (environments/sft_files.py):
     the assistant's words, tool calls and answer are policy tokens; tool outputs are wrapped in
     their observation tags and masked (tool_mask 0), exactly as a rollout's."""
@@ -113,7 +136,9 @@ def file_trajectory_rows(trajectories: list[FileTrajectory], tokenizer, *, syste
                 segments.append(("policy", answer_text(s.text)))
             else:
                 segments.append(("policy", s.text))
-        merged: list[tuple[str, str]] = []  # a policy turn's words and its call are one piece, as a rollout samples them
+        merged: list[
+            tuple[str, str]
+        ] = []  # a policy turn's words and its call are one piece, as a rollout samples them
         for role, text in segments:
             if merged and merged[-1][0] == role == "policy":
                 merged[-1] = (role, merged[-1][1] + text)
@@ -121,7 +146,19 @@ def file_trajectory_rows(trajectories: list[FileTrajectory], tokenizer, *, syste
                 merged.append((role, text))
         completion_ids, tool_mask = encode_segments(tokenizer, merged)
         task = {"task_id": t.task_id, "family": t.family, "level": t.level, "prompt": t.prompt}
-        rows.append({"trajectory_id": f"sft-file-{i:06d}", "task_id": t.task_id, "family": t.family, "level": t.level, "strategy": "file",
-                     "prompt_ids": prompt_ids(tokenizer, task, system_prompt), "completion_ids": completion_ids, "tool_mask": tool_mask,
-                     "loss_mask": tool_mask, "completion": tokenizer.decode(completion_ids), "correct": True})
+        rows.append(
+            {
+                "trajectory_id": f"sft-file-{i:06d}",
+                "task_id": t.task_id,
+                "family": t.family,
+                "level": t.level,
+                "strategy": "file",
+                "prompt_ids": prompt_ids(tokenizer, task, system_prompt),
+                "completion_ids": completion_ids,
+                "tool_mask": tool_mask,
+                "loss_mask": tool_mask,
+                "completion": tokenizer.decode(completion_ids),
+                "correct": True,
+            }
+        )
     return rows

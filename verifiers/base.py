@@ -46,8 +46,13 @@ class RegisteredVerifier:
 VERIFIERS: dict[str, RegisteredVerifier] = {}
 
 
-def register(name: str, *, needs_sandbox: bool = False, precheck: Callable[..., str | None] | None = None,
-             task_check: Callable[..., str | None] | None = None):
+def register(
+    name: str,
+    *,
+    needs_sandbox: bool = False,
+    precheck: Callable[..., str | None] | None = None,
+    task_check: Callable[..., str | None] | None = None,
+):
     """`precheck(prediction, task, **params)` and `task_check(task, **params)` return a reason
     (the candidate, or the task's gold, cannot be checked) or None."""
 
@@ -72,12 +77,16 @@ def run_verifier(name: str, prediction: str, task: Task, params: Mapping[str, An
     if spec.needs_sandbox and sandbox is None:
         return Verdict(None, f"verifier {name!r} needs a sandbox and none was given")
     try:
-        verdict = spec.fn(prediction, task, sandbox=sandbox, **params) if spec.needs_sandbox \
+        verdict = (
+            spec.fn(prediction, task, sandbox=sandbox, **params)
+            if spec.needs_sandbox
             else spec.fn(prediction, task, **params)
+        )
     except Exception as exc:  # noqa: BLE001 — a crash is unscorable, never reward
         return Verdict(None, f"verifier {name!r} raised {type(exc).__name__}: {str(exc)[:200]}")
-    if verdict.score is not None and not (isinstance(verdict.score, (int, float)) and math.isfinite(verdict.score)
-                                          and 0.0 <= verdict.score <= 1.0):
+    if verdict.score is not None and not (
+        isinstance(verdict.score, (int, float)) and math.isfinite(verdict.score) and 0.0 <= verdict.score <= 1.0
+    ):
         return Verdict(None, f"verifier {name!r} returned score {verdict.score!r} outside [0, 1]")
     return verdict
 

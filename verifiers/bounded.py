@@ -42,7 +42,7 @@ class DeadlineExceeded(Exception):
 def _write(fd: int, payload: bytes) -> None:
     data = memoryview(struct.pack(">I", len(payload)) + payload)
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _read(fd: int, deadline: float | None) -> bytes:
@@ -71,8 +71,14 @@ class _Child:
     def __init__(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "verifiers.bounded"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "verifiers.bounded"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            bufsize=0,
+        )
 
     def call(self, fn: Callable, args: tuple, timeout_s: float) -> Any:
         _write(self.proc.stdin.fileno(), pickle.dumps((fn.__module__, fn.__qualname__, args)))

@@ -83,8 +83,10 @@ class Cascade:
     def _spec(self, task: Task) -> VerifierSpec:
         family = str(task["family"])
         if family not in self.cfg.verifiers:
-            raise ValueError(f"reward.verifiers has no verifier for task family {family!r} "
-                             f"(task {task.get('task_id')!r}); configured: {sorted(self.cfg.verifiers)}")
+            raise ValueError(
+                f"reward.verifiers has no verifier for task family {family!r} "
+                f"(task {task.get('task_id')!r}); configured: {sorted(self.cfg.verifiers)}"
+            )
         return self.cfg.verifiers[family]
 
     def _fast(self, candidate: Candidate, task: Task, spec: VerifierSpec) -> tuple[str | None, Verdict | None]:
@@ -101,7 +103,9 @@ class Cascade:
         if not answer:
             return None, Verdict(0.0, "empty answer")
         if len(answer) > self.cfg.max_answer_chars:
-            return None, Verdict(0.0, f"answer of {len(answer)} chars > reward.max_answer_chars={self.cfg.max_answer_chars}")
+            return None, Verdict(
+                0.0, f"answer of {len(answer)} chars > reward.max_answer_chars={self.cfg.max_answer_chars}"
+            )
         rejected = run_precheck(spec.name, answer, task, spec.params)
         return (None, rejected) if rejected is not None else (answer, None)
 
@@ -165,7 +169,9 @@ class Cascade:
     def score(self, candidate: Candidate, task: Task, key: str = "0") -> RewardBreakdown:
         return self.score_many([(candidate, task)], [key])[0]
 
-    def _compose(self, candidate: Candidate, verdict: Verdict, tier: str, strict_details: str | None) -> RewardBreakdown:
+    def _compose(
+        self, candidate: Candidate, verdict: Verdict, tier: str, strict_details: str | None
+    ) -> RewardBreakdown:
         components = {"outcome": self.cfg.outcome_weight * (verdict.score or 0.0)}
         for name, term in self.cfg.terms.items():
             components[name] = contribution(get_term(name)(candidate, **term.params), term.weight, term.cap)
@@ -202,4 +208,3 @@ def merge_stats(into: dict[str, TierStats], other: dict[str, TierStats]) -> None
         total = into.setdefault(tier, TierStats())
         total.calls, total.passed = total.calls + s.calls, total.passed + s.passed
         total.unscorable, total.seconds = total.unscorable + s.unscorable, total.seconds + s.seconds
-

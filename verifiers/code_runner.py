@@ -106,7 +106,9 @@ _encode, _decode = _codec["_encode"], _codec["_decode"]
 
 # The program the sandbox runs: load the candidate under guarded builtins, answer each test's calls
 # in order, one JSON line per test as it finishes (answers before a hang still count).
-_RUNNER = _CODEC + r"""
+_RUNNER = (
+    _CODEC
+    + r"""
 import builtins as _builtins
 import json as _json
 import os as _os
@@ -165,6 +167,7 @@ def _main():
 
 _main()
 """
+)
 _VERSION_MISMATCH = "runner: the sandbox's Python differs from the trainer's"
 # A test making more calls than this is a broken task, not a slow one. Each call past the first
 # costs one more sandbox run (the candidate re-answers the test's calls so far): HumanEval's
@@ -177,8 +180,10 @@ def runner_program(candidate: str, allowed_imports: Iterable[str] | None, forbid
     `allowed_imports=None` drops the in-sandbox guards (restricted builtins, guarded import); only
     tests use it, to attack the boundary on its own."""
     allowed = None if allowed_imports is None else tuple(sorted(set(allowed_imports)))
-    return (f"_CANDIDATE = {candidate!r}\n_ALLOWED = {allowed!r}\n_FORBIDDEN = {sorted(forbidden_names)!r}\n"
-            + _runner_loader())
+    return (
+        f"_CANDIDATE = {candidate!r}\n_ALLOWED = {allowed!r}\n_FORBIDDEN = {sorted(forbidden_names)!r}\n"
+        + _runner_loader()
+    )
 
 
 def runner_input(calls: dict[int, list[list]], budget: int) -> str:
@@ -194,10 +199,12 @@ def _runner_loader() -> str:
     version: a sandbox interpreter of another version (a Docker image) makes the run unscorable."""
     code = base64.b64encode(marshal.dumps(compile(_RUNNER, "<runner>", "exec"))).decode()
     version = tuple(sys.version_info[:2])
-    return (f"import binascii as _binascii, marshal as _marshal, sys as _sys\n"
-            f"if _sys.version_info[:2] != {version!r}:\n"
-            f"    raise SystemExit({_VERSION_MISMATCH!r} + ' (runner {version}, sandbox %s)' % (_sys.version_info[:2],))\n"
-            f"exec(_marshal.loads(_binascii.a2b_base64({code!r})))\n")
+    return (
+        f"import binascii as _binascii, marshal as _marshal, sys as _sys\n"
+        f"if _sys.version_info[:2] != {version!r}:\n"
+        f"    raise SystemExit({_VERSION_MISMATCH!r} + ' (runner {version}, sandbox %s)' % (_sys.version_info[:2],))\n"
+        f"exec(_marshal.loads(_binascii.a2b_base64({code!r})))\n"
+    )
 
 
 def parse_answers(stdout: str, expected: dict[int, int]) -> tuple[str | None, dict[int, list]]:
@@ -211,9 +218,16 @@ def parse_answers(stdout: str, expected: dict[int, int]) -> tuple[str | None, di
             continue
         if isinstance(row, list) and len(row) == 2 and row[0] == "load" and isinstance(row[1], str):
             return (row[1] if row[1].isidentifier() else "error"), {}
-        if (isinstance(row, list) and len(row) == 2 and type(row[0]) is int and row[0] in expected
-                and row[0] not in answers and isinstance(row[1], list) and len(row[1]) == expected[row[0]]
-                and all(isinstance(a, list) and len(a) == 2 and a[0] in ("ok", "raise") for a in row[1])):
+        if (
+            isinstance(row, list)
+            and len(row) == 2
+            and type(row[0]) is int
+            and row[0] in expected
+            and row[0] not in answers
+            and isinstance(row[1], list)
+            and len(row[1]) == expected[row[0]]
+            and all(isinstance(a, list) and len(a) == 2 and a[0] in ("ok", "raise") for a in row[1])
+        ):
             answers[row[0]] = row[1]
     return None, answers
 
@@ -258,7 +272,11 @@ def _seeded_random() -> types.ModuleType:
     rng, module = random.Random(0), types.ModuleType("random")
     for name in dir(random):
         if not name.startswith("_"):
-            setattr(module, name, getattr(rng, name) if callable(getattr(random.Random, name, None)) else getattr(random, name))
+            setattr(
+                module,
+                name,
+                getattr(rng, name) if callable(getattr(random.Random, name, None)) else getattr(random, name),
+            )
     return module
 
 
@@ -266,7 +284,9 @@ def _replay_builtins() -> dict:
     real_import = builtins.__import__
 
     def test_import(name, globals=None, locals=None, fromlist=(), level=0):
-        return _seeded_random() if name == "random" and not level else real_import(name, globals, locals, fromlist, level)
+        return (
+            _seeded_random() if name == "random" and not level else real_import(name, globals, locals, fromlist, level)
+        )
 
     return {**_TEST_BUILTINS, "__import__": test_import}
 
@@ -292,10 +312,14 @@ def replay_test(code: str, entry_point: str, answers: list) -> tuple[bool | str 
                 except (ValueError, TypeError, RecursionError, OverflowError) as exc:
                     raise CandidateError("undecodable") from exc
             raise _raise_from(payload)
+
         return call
 
-    ns = {"__builtins__": _replay_builtins(), "__name__": "test",
-          **{name: proxy(name) for name in {*names, entry_point} if name not in _TEST_BUILTINS or name == entry_point}}
+    ns = {
+        "__builtins__": _replay_builtins(),
+        "__name__": "test",
+        **{name: proxy(name) for name in {*names, entry_point} if name not in _TEST_BUILTINS or name == entry_point},
+    }
     try:
         exec(compiled, ns)  # noqa: S102 — the task's own test code, on plain data
         outcome: bool | str | None = True
@@ -330,8 +354,14 @@ def check_sandbox_python(sandbox) -> None:
     _SAME_PYTHON[sandbox] = True
 
 
-def run_tests(candidate: str, tests: Sequence[_Test], entry_point: str, sandbox, allowed_imports: Iterable[str] | None,
-              forbidden_names: Iterable[str] = ()) -> tuple[list[bool | str | None], str | None]:
+def run_tests(
+    candidate: str,
+    tests: Sequence[_Test],
+    entry_point: str,
+    sandbox,
+    allowed_imports: Iterable[str] | None,
+    forbidden_names: Iterable[str] = (),
+) -> tuple[list[bool | str | None], str | None]:
     """Per test True (passed), a failure reason, or None (no answer: the run ended first); and the
     last run's error. Unscorable runs raise Unscorable."""
     check_sandbox_python(sandbox)

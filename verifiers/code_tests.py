@@ -67,15 +67,60 @@ GROUPS = ("fail_to_pass", "pass_to_pass", "held_out")
 MODES = ("fraction", "all_or_nothing")
 DEFAULT_GROUPS = ("fail_to_pass", "pass_to_pass")
 # typing and hashlib: HumanEval's prompts import typing, one of its solutions hashlib (md5).
-DEFAULT_ALLOWED_IMPORTS = ("math", "itertools", "functools", "collections", "heapq", "bisect", "re",
-                           "string", "operator", "fractions", "decimal", "statistics", "typing", "hashlib")
+DEFAULT_ALLOWED_IMPORTS = (
+    "math",
+    "itertools",
+    "functools",
+    "collections",
+    "heapq",
+    "bisect",
+    "re",
+    "string",
+    "operator",
+    "fractions",
+    "decimal",
+    "statistics",
+    "typing",
+    "hashlib",
+)
 MAX_CANDIDATE_CHARS = 20_000
-FORBIDDEN_NAMES = frozenset({"open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars",
-                             "getattr", "setattr", "delattr", "breakpoint", "input", "help", "exit", "quit"})
+FORBIDDEN_NAMES = frozenset(
+    {
+        "open",
+        "exec",
+        "eval",
+        "compile",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "getattr",
+        "setattr",
+        "delattr",
+        "breakpoint",
+        "input",
+        "help",
+        "exit",
+        "quit",
+    }
+)
 # Frame attributes lead to the harness's globals (the nonce); the others look attributes up by a
 # runtime string, which no check of the source can see.
-_FRAME_ATTRS = ("gi_frame", "cr_frame", "ag_frame", "gi_code", "cr_code", "ag_code", "tb_frame",
-                "tb_next", "f_back", "f_globals", "f_locals", "f_builtins", "f_code")
+_FRAME_ATTRS = (
+    "gi_frame",
+    "cr_frame",
+    "ag_frame",
+    "gi_code",
+    "cr_code",
+    "ag_code",
+    "tb_frame",
+    "tb_next",
+    "f_back",
+    "f_globals",
+    "f_locals",
+    "f_builtins",
+    "f_code",
+)
 FORBIDDEN_ATTRS = frozenset({*_FRAME_ATTRS, "attrgetter", "methodcaller", "Formatter"})
 _DUNDER = re.compile(r"__\w+__")
 # In string constants: a dunder is type('X', (), {'__eq__': ...}); a frame attribute is
@@ -101,8 +146,12 @@ def parse_tests(raw: object) -> list[CodeTest]:
         raise ValueError("tests must be a non-empty list")
     tests = []
     for i, item in enumerate(raw):
-        if not (isinstance(item, dict) and isinstance(item.get("name"), str)
-                and isinstance(item.get("code"), str) and item.get("group") in GROUPS):
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("code"), str)
+            and item.get("group") in GROUPS
+        ):
             raise ValueError(f"test {i} is not {{name: str, code: str, group: one of {GROUPS}}}")
         try:  # a test that cannot compile would fail every candidate: the task is broken, not them
             compile(item["code"], "<test>", "exec")
@@ -137,6 +186,7 @@ def code_task_check(task: Task, *, groups: Iterable[str] = DEFAULT_GROUPS, **_pa
 
 # --- the static policy ------------------------------------------------------------------------
 
+
 def forbidden_names(allow_names: Iterable[str] = ()) -> frozenset[str]:
     """FORBIDDEN_NAMES less `allow_names`: a problem set whose references need one (HumanEval/160's
     calls eval) allows it for its own verifier. Weaker defense in depth, same boundary: the tests
@@ -147,8 +197,14 @@ def forbidden_names(allow_names: Iterable[str] = ()) -> frozenset[str]:
     return FORBIDDEN_NAMES - set(allow_names)
 
 
-def code_precheck(prediction: str, task: Task, *, allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS,
-                  allow_names: Iterable[str] = (), **_params) -> str | None:
+def code_precheck(
+    prediction: str,
+    task: Task,
+    *,
+    allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS,
+    allow_names: Iterable[str] = (),
+    **_params,
+) -> str | None:
     """Why the candidate cannot earn reward without running it (empty, too long, does not
     parse, no entry point, breaks the static policy), or None."""
     if not prediction.strip():
@@ -177,18 +233,32 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def policy_violation(tree: ast.AST, allowed_imports: Iterable[str], forbidden: frozenset[str] = FORBIDDEN_NAMES) -> str | None:
+def policy_violation(
+    tree: ast.AST, allowed_imports: Iterable[str], forbidden: frozenset[str] = FORBIDDEN_NAMES
+) -> str | None:
     """The first breach of the static policy as "line N: <construct>", or None."""
     allowed, nodes = frozenset(allowed_imports), list(ast.walk(tree))
     imported: dict[str, object] = {}  # name bound by an import -> what it names here on the host
     for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)) and (reason := _import_violation(node, allowed, imported)):
             return f"line {node.lineno}: {reason}"
-    init_methods = {id(f) for c in nodes if isinstance(c, ast.ClassDef) for f in c.body
-                    if isinstance(f, ast.FunctionDef) and f.name == "__init__"}
-    one_arg_type = {id(c.func) for c in nodes if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                    and c.func.id == "type" and len(c.args) == 1 and not c.keywords
-                    and not isinstance(c.args[0], ast.Starred)}
+    init_methods = {
+        id(f)
+        for c in nodes
+        if isinstance(c, ast.ClassDef)
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    }
+    one_arg_type = {
+        id(c.func)
+        for c in nodes
+        if isinstance(c, ast.Call)
+        and isinstance(c.func, ast.Name)
+        and c.func.id == "type"
+        and len(c.args) == 1
+        and not c.keywords
+        and not isinstance(c.args[0], ast.Starred)
+    }
     attribute_bases = {id(a.value) for a in nodes if isinstance(a, ast.Attribute)}
     for node in nodes:
         reason = _string_violation(node, id(node) in init_methods)
@@ -222,8 +292,9 @@ def _string_violation(node: ast.AST, is_init_method: bool) -> str | None:
     return None
 
 
-def _import_violation(node: ast.Import | ast.ImportFrom, allowed: frozenset[str],
-                      imported: dict[str, object]) -> str | None:
+def _import_violation(
+    node: ast.Import | ast.ImportFrom, allowed: frozenset[str], imported: dict[str, object]
+) -> str | None:
     if isinstance(node, ast.Import):
         for alias in node.names:
             if alias.name.partition(".")[0] not in allowed:
@@ -278,17 +349,27 @@ def _host_module(name: str) -> types.ModuleType | None:
 
 
 def _details(tests: list[CodeTest], outcomes: list[bool | str | None], run_error: str | None) -> str:
-    counts = [f"{g} {sum(o is True for t, o in zip(tests, outcomes) if t.group == g)}/"
-              f"{sum(t.group == g for t in tests)}" for g in GROUPS if any(t.group == g for t in tests)]
+    counts = [
+        f"{g} {sum(o is True for t, o in zip(tests, outcomes) if t.group == g)}/{sum(t.group == g for t in tests)}"
+        for g in GROUPS
+        if any(t.group == g for t in tests)
+    ]
     failed = [(t.name, o or "no result") for t, o in zip(tests, outcomes) if o is not True]
     extra = [f"first failure: {failed[0][0]} ({failed[0][1]})"] if failed else []
     return "; ".join([", ".join(counts), *extra, *([f"run: {run_error}"] if run_error else [])])
 
 
 @register("unit_tests", needs_sandbox=True, precheck=code_precheck, task_check=code_task_check)
-def unit_tests(prediction: str, task: Task, *, sandbox, mode: str = "fraction",
-               groups: Iterable[str] = DEFAULT_GROUPS,
-               allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS, allow_names: Iterable[str] = ()) -> Verdict:
+def unit_tests(
+    prediction: str,
+    task: Task,
+    *,
+    sandbox,
+    mode: str = "fraction",
+    groups: Iterable[str] = DEFAULT_GROUPS,
+    allowed_imports: Iterable[str] = DEFAULT_ALLOWED_IMPORTS,
+    allow_names: Iterable[str] = (),
+) -> Verdict:
     """fraction: passed / selected tests; all_or_nothing: 1.0 iff all pass (SWE-bench's resolved
     when groups are F2P + P2P). None if the task or the sandbox cannot score it."""
     if mode not in MODES:
@@ -302,7 +383,9 @@ def unit_tests(prediction: str, task: Task, *, sandbox, mode: str = "fraction",
     if rejected is not None:
         return Verdict(0.0, rejected)
     try:
-        outcomes, run_error = run_tests(prediction, tests, task["entry_point"], sandbox, allowed_imports, forbidden_names(allow_names))
+        outcomes, run_error = run_tests(
+            prediction, tests, task["entry_point"], sandbox, allowed_imports, forbidden_names(allow_names)
+        )
     except Unscorable as exc:
         return Verdict(None, str(exc))
     passed = [o is True for o in outcomes]

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import time
 
-from verifiers.sandbox import SandboxLimits, SandboxResult, _classify, _failure, _truncate
+from verifiers.sandbox import SandboxLimits, SandboxResult, classify_exit, failure_result, truncate_output
 
 
 class DockerSandbox:
     """One throwaway container per call (needs a reachable Docker engine)."""
 
     # Code and stdin travel as env vars so that no stdin attach is needed.
-    _BOOTSTRAP = ("import io,os,sys;sys.stdin=io.StringIO(os.environ.pop('SANDBOX_STDIN'));"
-                  "c=os.environ.pop('SANDBOX_CODE');"
-                  "exec(compile(c,'<policy>','exec'),{'__name__':'__main__'})")
+    _BOOTSTRAP = (
+        "import io,os,sys;sys.stdin=io.StringIO(os.environ.pop('SANDBOX_STDIN'));"
+        "c=os.environ.pop('SANDBOX_CODE');"
+        "exec(compile(c,'<policy>','exec'),{'__name__':'__main__'})"
+    )
 
-    def __init__(self, limits: SandboxLimits | None = None, pool_size: int = 2, *,
-                 image: str = "python:3.11-slim") -> None:
+    def __init__(
+        self, limits: SandboxLimits | None = None, pool_size: int = 2, *, image: str = "python:3.11-slim"
+    ) -> None:
         from concurrent.futures import ThreadPoolExecutor
+
         try:
             import docker
         except ImportError as exc:
@@ -42,19 +46,32 @@ class DockerSandbox:
         start = time.monotonic()
         try:
             container = self._client.containers.run(
-                self.image, ["python", "-I", "-c", self._BOOTSTRAP], detach=True,
+                self.image,
+                ["python", "-I", "-c", self._BOOTSTRAP],
+                detach=True,
                 environment={"SANDBOX_CODE": code, "SANDBOX_STDIN": stdin},
-                network_disabled=True, mem_limit=f"{lim.memory_mb}m",
-                memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.max_processes,
-                read_only=True, tmpfs={"/tmp": "size=16m"}, user="65534:65534",
-                working_dir="/tmp", cpu_period=100_000, cpu_quota=100_000,
+                network_disabled=True,
+                mem_limit=f"{lim.memory_mb}m",
+                memswap_limit=f"{lim.memory_mb}m",
+                pids_limit=lim.max_processes,
+                read_only=True,
+                tmpfs={"/tmp": "size=16m"},
+                user="65534:65534",
+                working_dir="/tmp",
+                cpu_period=100_000,
+                cpu_quota=100_000,
                 # no capabilities, no setuid escalation; Docker's default seccomp profile applies
-                cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                ulimits=[ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
-                         ulimit(name="fsize", soft=lim.max_file_mb * mb, hard=lim.max_file_mb * mb),
-                         ulimit(name="nofile", soft=64, hard=64), ulimit(name="core", soft=0, hard=0)])
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                ulimits=[
+                    ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
+                    ulimit(name="fsize", soft=lim.max_file_mb * mb, hard=lim.max_file_mb * mb),
+                    ulimit(name="nofile", soft=64, hard=64),
+                    ulimit(name="core", soft=0, hard=0),
+                ],
+            )
         except Exception as exc:
-            return _failure(f"container start: {exc}", time.monotonic() - start)
+            return failure_result(f"container start: {exc}", time.monotonic() - start)
         try:
             return self._collect(container, start)
         finally:
@@ -78,12 +95,17 @@ class DockerSandbox:
         out = container.logs(stdout=True, stderr=False)
         err = container.logs(stdout=False, stderr=True)
         container.reload()
-        error = _classify(exit_code, timed_out, err[-256:])
+        error = classify_exit(exit_code, timed_out, err[-256:])
         if container.attrs.get("State", {}).get("OOMKilled"):
             error = "memory"
-        return SandboxResult(_truncate(out, lim.max_output_bytes),
-                             _truncate(err, lim.max_output_bytes),
-                             exit_code, timed_out, duration, error)
+        return SandboxResult(
+            truncate_output(out, lim.max_output_bytes),
+            truncate_output(err, lim.max_output_bytes),
+            exit_code,
+            timed_out,
+            duration,
+            error,
+        )
 
     def run_many(self, codes: list[str]) -> list[SandboxResult]:
         return list(self._calls.map(self.run_python, codes))

@@ -49,8 +49,21 @@ _PLAIN_RUN = re.compile(r"[^\\{}^]+")
 _DEGREE = re.compile(r"\^[ \t]*(?:\\circ|\{[ \t]*\\circ[ \t]*\})")
 _SIGNED_INT, _UNSIGNED_INT = re.compile(r"[-+]?[0-9]+"), re.compile(r"[0-9]+")
 _DIGIT = re.compile(r"[0-9]")
-_SYMBOLS = {"cdot": "*", "times": "*", "div": "/", "pi": "pi", "ln": "ln", "log": "log", "displaystyle": "",
-            ",": " ", ";": " ", ":": " ", " ": " ", "%": "%", "$": "$"}
+_SYMBOLS = {
+    "cdot": "*",
+    "times": "*",
+    "div": "/",
+    "pi": "pi",
+    "ln": "ln",
+    "log": "log",
+    "displaystyle": "",
+    ",": " ",
+    ";": " ",
+    ":": " ",
+    " ": " ",
+    "%": "%",
+    "$": "$",
+}
 
 
 def answer_text(text: str, max_chars: int = MAX_WRAPPED_CHARS) -> str:
@@ -105,7 +118,7 @@ def _peel_lead(s: str) -> str | None:
         if tokens[i] != "**":
             return None
         i += 1 + (tokens[i + 1] == ":")
-    return s[ends[i - 1]:].strip() if found else None
+    return s[ends[i - 1] :].strip() if found else None
 
 
 def _peel_bold(s: str) -> str | None:
@@ -125,7 +138,7 @@ def _peel_period(s: str) -> str | None:
 def _peel_delimiters(s: str) -> str | None:
     for open_, close in _DELIMITERS:
         if len(s) > len(open_) + len(close) and s.startswith(open_) and s.endswith(close):
-            inner = s[len(open_):-len(close)]
+            inner = s[len(open_) : -len(close)]
             if "$" in open_ and "$" in inner or "\\" in open_ and (open_ in inner or close in inner):
                 return None  # "$5$ or $6$": two formulas, not one
             return inner.strip()
@@ -138,7 +151,7 @@ def _peel_group(s: str, opening: re.Pattern) -> str | None:
     if m is None:
         return None
     pairs = _brace_pairs(s)
-    return s[m.end():-1].strip() if pairs[m.end() - 1] == len(s) - 1 else None
+    return s[m.end() : -1].strip() if pairs[m.end() - 1] == len(s) - 1 else None
 
 
 def _peel_box(s: str) -> str | None:
@@ -150,8 +163,14 @@ def _peel_text(s: str) -> str | None:
     return inner if inner is not None and not any(c in inner for c in "\\{}") else None
 
 
-_PEELS = (("lead", _peel_lead), ("bold", _peel_bold), ("period", _peel_period), ("delimiters", _peel_delimiters),
-          ("box", _peel_box), ("text", _peel_text))
+_PEELS = (
+    ("lead", _peel_lead),
+    ("bold", _peel_bold),
+    ("period", _peel_period),
+    ("delimiters", _peel_delimiters),
+    ("box", _peel_box),
+    ("text", _peel_text),
+)
 
 
 def _brace_pairs(s: str) -> dict[int, int]:
@@ -195,7 +214,7 @@ def _convert(s: str, i: int, j: int, pairs: dict[int, int], strict: bool) -> str
         c = s[i]
         if c == "{":
             end = pairs[i]
-            out.append("," if s[i + 1:end] == "," else "(" + _convert(s, i + 1, end, pairs, strict) + ")")
+            out.append("," if s[i + 1 : end] == "," else "(" + _convert(s, i + 1, end, pairs, strict) + ")")
             i = end + 1
         elif c == "^":
             degree = _DEGREE.match(s, i, j)
@@ -247,14 +266,17 @@ def _command(s: str, m: re.Match, j: int, pairs: dict[int, int], strict: bool) -
         return m.group(), i
     if name in _TEXT_NAMES:
         a0, a1 = _group(s, i, j, pairs, name)
-        body = s[a0 + 1:a1]
+        body = s[a0 + 1 : a1]
         if any(c in body for c in "\\{}") or _DIGIT.search(body):
             if strict:  # 1\text{0081}, 10081\text{ or 10082}: digits hidden in words are not read
                 raise ValueError(f"\\{name}{{...}} holds digits or commands and is not the whole answer")
             return m.group(), i
         return f" {body} ", a1 + 1
     if strict:
-        what = "more than one \\boxed, or one not around the whole answer" if name in ("boxed", "fbox") \
+        what = (
+            "more than one \\boxed, or one not around the whole answer"
+            if name in ("boxed", "fbox")
             else f"LaTeX \\{name} is not read"
+        )
         raise ValueError(what)
     return m.group(), i

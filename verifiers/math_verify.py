@@ -54,8 +54,9 @@ _EVAL_FLOOR = 1e-20  # values are evaluated to 30 digits: a smaller difference (
 _rng = random.Random(1729)  # fixed points: a verdict must not depend on the run
 _POINTS = [{v: _rng.uniform(0.5, 2.5) for v in _VARIABLES} for _ in range(3)]
 
-_FOLDS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": "*", "\u00b7": "*", "\u22c5": "*", "\u00f7": "/",
-                        "\u03c0": "pi"})
+_FOLDS = str.maketrans(
+    {"\u2212": "-", "\u2013": "-", "\u00d7": "*", "\u00b7": "*", "\u22c5": "*", "\u00f7": "/", "\u03c0": "pi"}
+)
 # A run of digits with commas: its commas are thousands separators only if the whole run is
 # grouped (1,234,567.5), else they stay and the answer does not parse (1234,567  1.5,000  1,00,81).
 _NUMERAL_RUN = re.compile(r"[0-9][0-9,.]*")
@@ -68,16 +69,94 @@ _WORD = re.compile(r"[a-zμ]+")
 # A unit tail is words, with digits only as exponents or attached to a unit (m/s^2, cm3). A
 # number standing alone after the first, or a connective, is another answer: "10081 or 10082".
 _LOOSE_NUMBER = re.compile(r"(?<![a-zμ^])[0-9]")
-_HEDGES = frozenset({"or", "nor", "not", "no", "nope", "and", "but", "except", "either", "maybe", "perhaps",
-                     "possibly", "probably", "likely", "unlikely", "guess", "vs", "versus", "to", "than", "plus",
-                     "minus", "times", "over", "under", "above", "below", "else", "otherwise", "if", "unless",
-                     "wrong", "incorrect", "false", "untrue", "invalid", "approx", "approximately", "about", "around",
-                     "roughly", "nearly", "almost", "less", "more", "least", "most", "never"})
+_HEDGES = frozenset(
+    {
+        "or",
+        "nor",
+        "not",
+        "no",
+        "nope",
+        "and",
+        "but",
+        "except",
+        "either",
+        "maybe",
+        "perhaps",
+        "possibly",
+        "probably",
+        "likely",
+        "unlikely",
+        "guess",
+        "vs",
+        "versus",
+        "to",
+        "than",
+        "plus",
+        "minus",
+        "times",
+        "over",
+        "under",
+        "above",
+        "below",
+        "else",
+        "otherwise",
+        "if",
+        "unless",
+        "wrong",
+        "incorrect",
+        "false",
+        "untrue",
+        "invalid",
+        "approx",
+        "approximately",
+        "about",
+        "around",
+        "roughly",
+        "nearly",
+        "almost",
+        "less",
+        "more",
+        "least",
+        "most",
+        "never",
+    }
+)
 # Words that scale the number rather than name its unit: "60 billion" is not 60.
-_SCALES = frozenset({"hundred", "hundreds", "thousand", "thousands", "million", "millions", "billion", "billions",
-                     "trillion", "trillions", "dozen", "dozens", "half", "halves", "quarter", "quarters", "tenth",
-                     "tenths", "hundredth", "hundredths", "thousandth", "thousandths", "millionth", "millionths",
-                     "squared", "cubed", "lakh", "crore", "k", "bn", "mn"})
+_SCALES = frozenset(
+    {
+        "hundred",
+        "hundreds",
+        "thousand",
+        "thousands",
+        "million",
+        "millions",
+        "billion",
+        "billions",
+        "trillion",
+        "trillions",
+        "dozen",
+        "dozens",
+        "half",
+        "halves",
+        "quarter",
+        "quarters",
+        "tenth",
+        "tenths",
+        "hundredth",
+        "hundredths",
+        "thousandth",
+        "thousandths",
+        "millionth",
+        "millionths",
+        "squared",
+        "cubed",
+        "lakh",
+        "crore",
+        "k",
+        "bn",
+        "mn",
+    }
+)
 _MAX_UNIT_WORDS = 3
 _SIGNS_IN_A_ROW = re.compile(r"[-+][-+]")
 _NUM = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[-+]?[0-9]{1,3})?"  # exponent capped: Fraction("1e9999999") takes seconds
@@ -123,14 +202,17 @@ def _ungroup(run: re.Match) -> str:
 
 def _strip_prefix_sign(s: str) -> str:
     sign = s[0] if s[:1] in ("-", "+") else ""
-    body = s[len(sign):].lstrip()
+    body = s[len(sign) :].lstrip()
     return sign + body[1:] if body[:1] and body[0] in _PREFIX_SIGNS else s
 
 
 def _is_unit_tail(tail: str) -> bool:
     words = _WORD.findall(tail)
-    return (len(words) <= _MAX_UNIT_WORDS and not _LOOSE_NUMBER.search(tail)
-            and not any(w in _HEDGES or w in _SCALES for w in words))
+    return (
+        len(words) <= _MAX_UNIT_WORDS
+        and not _LOOSE_NUMBER.search(tail)
+        and not any(w in _HEDGES or w in _SCALES for w in words)
+    )
 
 
 _ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "^": operator.pow}
@@ -177,7 +259,7 @@ def parse_expression(text: str, max_chars: int = MAX_CHARS) -> tuple:
 
 def _tree(node: ast.AST, source: str, calls: int = 0) -> tuple:
     if isinstance(node, ast.Constant):
-        literal = source[node.col_offset:node.end_col_offset]  # the text, not Python's float: 0.1 stays 1/10
+        literal = source[node.col_offset : node.end_col_offset]  # the text, not Python's float: 0.1 stays 1/10
         if not _PLAIN_NUMBER.fullmatch(literal):  # 0x10, 1j, 1e99999 (Fraction would build a 99999-digit int)
             raise ValueError(f"number {literal!r} not allowed")
         return ("num", Fraction(literal))
@@ -200,8 +282,13 @@ def _tree(node: ast.AST, source: str, calls: int = 0) -> tuple:
             if max(_literal_bits(left), 1) * abs(value) > _MAX_POWER_BITS:  # sympy expands (7e837x)^1000 exactly
                 raise ValueError(f"power larger than {_MAX_POWER_BITS} bits")
         return (op, left, right)
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
-            and len(node.args) == 1 and not node.keywords):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCTIONS
+        and len(node.args) == 1
+        and not node.keywords
+    ):
         if calls >= _MAX_CALL_DEPTH:  # work bound: evaluating nested functions grows ~7x per level
             raise ValueError(f"functions nested more than {_MAX_CALL_DEPTH} deep")
         return ("call", node.func.id, _tree(node.args[0], source, calls + 1))
@@ -219,8 +306,9 @@ def _literal_bits(tree: tuple) -> int:
     return sum(_literal_bits(t) for t in tree[1:] if isinstance(t, tuple))
 
 
-def _parse_answer(text: str, strip_units: bool, symbolic: bool, max_chars: int = MAX_CHARS,
-                  final_form: bool = False) -> Fraction | tuple:
+def _parse_answer(
+    text: str, strip_units: bool, symbolic: bool, max_chars: int = MAX_CHARS, final_form: bool = False
+) -> Fraction | tuple:
     """An exact number, or (when `symbolic`) an expression tree. Raises ValueError(reason).
     `final_form` (predictions only): refuse a sub-expression that computes a rational number."""
     if not text.strip():
@@ -257,8 +345,14 @@ def _is_number_literal(tree: tuple) -> bool:
         return tree[1][0] != "neg" and _is_number_literal(tree[1])
     if tree[0] == "/":
         num, den = rational_value(tree[1]), rational_value(tree[2])
-        return (_is_integer(tree[1]) and tree[2][0] == "num" and _is_integer(tree[2])
-                and den > 1 and num.denominator == 1 and gcd(num.numerator, int(den)) == 1)
+        return (
+            _is_integer(tree[1])
+            and tree[2][0] == "num"
+            and _is_integer(tree[2])
+            and den > 1
+            and num.denominator == 1
+            and gcd(num.numerator, int(den)) == 1
+        )
     if tree[0] == "*" and (tree[1][0] == "num" or tree[1][0] == "neg" and tree[1][1][0] == "num") and tree[2][0] == "^":
         mantissa, (_, base, exponent) = rational_value(tree[1]), tree[2]
         return 1 <= abs(mantissa) < 10 and base == ("num", Fraction(10)) and _is_integer(exponent)
@@ -344,8 +438,9 @@ def _gold_expression(tree: tuple):
     return expr, _values(expr)
 
 
-def _symbolic_verdict(pred: Fraction | tuple, gold: Fraction | tuple, rel_tol: float, abs_tol: float,
-                      texts: tuple[str, str]) -> Verdict:
+def _symbolic_verdict(
+    pred: Fraction | tuple, gold: Fraction | tuple, rel_tol: float, abs_tol: float, texts: tuple[str, str]
+) -> Verdict:
     gold_expr, gold_values = _gold_expression(gold if isinstance(gold, tuple) else ("num", gold))
     if gold_values is None:
         return Verdict(None, f"gold is not finite: {_show(texts[1])}")
@@ -371,8 +466,9 @@ def _detail(how: str, ok: bool, texts: tuple[str, str]) -> str:
     return f"{how}: {_show(texts[0])} {'==' if ok else '!='} {_show(texts[1])}"
 
 
-def _prediction(prediction: str, task: Task, strip_units: bool, symbolic: bool,
-                final_form: bool) -> tuple[Fraction | tuple, Fraction | tuple]:
+def _prediction(
+    prediction: str, task: Task, strip_units: bool, symbolic: bool, final_form: bool
+) -> tuple[Fraction | tuple, Fraction | tuple]:
     """(prediction, gold) parsed; ValueError("gold ..." / "prediction ...") if either cannot be.
     `prediction` is the answer out of its wrappers (`answer_text`)."""
     try:
@@ -398,9 +494,18 @@ def _unwrapped(prediction: str) -> str:
         raise ValueError(f"prediction {exc}") from None
 
 
-def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
-                  strip_units: bool = False, symbolic: bool = True, final_form: bool = True,
-                  timeout_s: float = DEFAULT_TIMEOUT_S, exact_integers: bool = True) -> str | None:
+def math_precheck(
+    prediction: str,
+    task: Task,
+    *,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 0.0,
+    strip_units: bool = False,
+    symbolic: bool = True,
+    final_form: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    exact_integers: bool = True,
+) -> str | None:
     """Why the fast tier can reject `prediction` unverified (empty, too long, outside the grammar,
     not a final answer). An unusable gold is the task check's to report."""
     try:
@@ -420,9 +525,17 @@ def math_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol
     return None
 
 
-def gold_is_parseable(task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0, strip_units: bool = False,
-                      symbolic: bool = True, final_form: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
-                      exact_integers: bool = True) -> str | None:
+def gold_is_parseable(
+    task: Task,
+    *,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 0.0,
+    strip_units: bool = False,
+    symbolic: bool = True,
+    final_form: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    exact_integers: bool = True,
+) -> str | None:
     try:
         _gold_answer(str(task["answer"]), strip_units, symbolic)
     except ValueError as exc:
@@ -431,9 +544,18 @@ def gold_is_parseable(task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0
 
 
 @register("math", precheck=math_precheck, task_check=gold_is_parseable)
-def math_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol: float = 0.0,
-                  strip_units: bool = False, symbolic: bool = True, final_form: bool = True,
-                  timeout_s: float = DEFAULT_TIMEOUT_S, exact_integers: bool = True) -> Verdict:
+def math_verifier(
+    prediction: str,
+    task: Task,
+    *,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 0.0,
+    strip_units: bool = False,
+    symbolic: bool = True,
+    final_form: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    exact_integers: bool = True,
+) -> Verdict:
     """1.0 if equivalent within rel_tol OR abs_tol (not for an integer gold, unless
     `exact_integers` is off), 0.0 if not, unparseable or not a final answer, None if the gold is
     unparseable or the symbolic comparison ran past `timeout_s`."""
@@ -446,11 +568,17 @@ def math_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, abs_tol
         return Verdict(None if str(exc).startswith("gold") else 0.0, str(exc))
     if isinstance(pred, Fraction) and isinstance(gold, Fraction):  # exact rationals: no sympy at all
         # An integer gold is exact: tolerance is for golds that are rounded (10080.99 is not 10081).
-        ok = pred == gold or ((gold.denominator != 1 or not exact_integers) and _close(pred, gold, Fraction(rel_tol), Fraction(abs_tol)))
+        ok = pred == gold or (
+            (gold.denominator != 1 or not exact_integers) and _close(pred, gold, Fraction(rel_tol), Fraction(abs_tol))
+        )
         return Verdict(float(ok), _detail("numeric", ok, (prediction, gold_text)))
     try:  # sympy's running time is not bounded by the grammar alone: a child process and a deadline
-        return call_with_deadline(_symbolic_verdict, (pred, gold, rel_tol, abs_tol, (prediction, gold_text)),
-                                  timeout_s=timeout_s, setup=_import_sympy)
+        return call_with_deadline(
+            _symbolic_verdict,
+            (pred, gold, rel_tol, abs_tol, (prediction, gold_text)),
+            timeout_s=timeout_s,
+            setup=_import_sympy,
+        )
     except DeadlineExceeded:
         return Verdict(None, f"symbolic comparison exceeded {timeout_s:g} s: {_show(prediction)}")
 
@@ -464,12 +592,20 @@ def _plain_or_none(text: str, max_chars: int) -> str | None:
 
 def numeric_precheck(prediction: str, task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> str | None:
     core = _plain_or_none(prediction, MAX_WRAPPED_CHARS)
-    return None if core is not None and parse_number(core) is not None else f"prediction not a number: {_show(prediction)!r}"
+    return (
+        None
+        if core is not None and parse_number(core) is not None
+        else f"prediction not a number: {_show(prediction)!r}"
+    )
 
 
 def _numeric_task_check(task: Task, *, rel_tol: float = 1e-6, exact_integers: bool = True) -> str | None:
     gold = _plain_or_none(str(task["answer"]), _MAX_GOLD_WRAPPED_CHARS)
-    return None if gold is not None and parse_number(gold) is not None else f"gold not a number: {_show(str(task['answer']))!r}"
+    return (
+        None
+        if gold is not None and parse_number(gold) is not None
+        else f"gold not a number: {_show(str(task['answer']))!r}"
+    )
 
 
 @register("numeric", precheck=numeric_precheck, task_check=_numeric_task_check)
@@ -482,4 +618,9 @@ def numeric_verifier(prediction: str, task: Task, *, rel_tol: float = 1e-6, exac
     if gold is None:
         return Verdict(None, f"gold not a number: {_show(raw_gold)!r}")
     score = numeric_match(_plain_or_none(prediction, MAX_WRAPPED_CHARS) or "", gold, rel_tol, exact_integers)
-    return Verdict(score, f"numeric: {_show(prediction)} vs {_show(raw_gold)}" if score is not None else f"gold not a number: {_show(raw_gold)!r}")
+    return Verdict(
+        score,
+        f"numeric: {_show(prediction)} vs {_show(raw_gold)}"
+        if score is not None
+        else f"gold not a number: {_show(raw_gold)!r}",
+    )

@@ -21,7 +21,18 @@ OBS_OPEN, OBS_CLOSE = "<interpreter>", "</interpreter>"
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-TAGS = (CODE_OPEN, CODE_CLOSE, OBS_OPEN, OBS_CLOSE, SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+TAGS = (
+    CODE_OPEN,
+    CODE_CLOSE,
+    OBS_OPEN,
+    OBS_CLOSE,
+    SEARCH_OPEN,
+    SEARCH_CLOSE,
+    INFO_OPEN,
+    INFO_CLOSE,
+    ANSWER_OPEN,
+    ANSWER_CLOSE,
+)
 
 # Tool name -> its call tags. A tag-shaped block with any other name is a call to a tool that
 # does not exist (penalized by the `tool_misuse` shaping term). Families add tools here.
@@ -44,11 +55,17 @@ def first_stop(text: str, stops: tuple[str, ...] = TURN_STOPS, after: int = 0) -
             best = (stop, at + len(stop))
     return best
 
+
 # Blocks whose content is never the policy's answer: tool calls (their bodies are programs and
 # queries, whose *output* might print an answer), observations (a policy that forges one is
 # still only quoting) and reasoning.
-_SKIPPED_BLOCKS = {**{open_tag: close for open_tag, close in TOOL_TAGS.values()},
-                   **{open_tag: close for open_tag, close in OBSERVATION_TAGS.values()}, "<think>": "</think>"}
+_SKIPPED_BLOCKS = {
+    **{open_tag: close for open_tag, close in TOOL_TAGS.values()},
+    **{open_tag: close for open_tag, close in OBSERVATION_TAGS.values()},
+    "<think>": "</think>",
+}
+
+
 # One pass, left to right (findall, in C): an answer block, or a skipped block consumed up to its
 # own closing tag (or the end of the text, when it is left open). The bodies are "unrolled loops"
 # ([^<]* runs between tests for the closing tag), several times faster than a lazy `.*?`.
@@ -57,8 +74,16 @@ def _body(close_tag: str) -> str:
 
 
 _BLOCKS_RE = re.compile(
-    "<(?:(" + re.escape(ANSWER_OPEN[1:]) + ")(" + _body(ANSWER_CLOSE) + ")" + re.escape(ANSWER_CLOSE) + "|"
-    + "|".join(re.escape(o[1:]) + _body(c) + "(?:" + re.escape(c) + ")?" for o, c in _SKIPPED_BLOCKS.items()) + ")")
+    "<(?:("
+    + re.escape(ANSWER_OPEN[1:])
+    + ")("
+    + _body(ANSWER_CLOSE)
+    + ")"
+    + re.escape(ANSWER_CLOSE)
+    + "|"
+    + "|".join(re.escape(o[1:]) + _body(c) + "(?:" + re.escape(c) + ")?" for o, c in _SKIPPED_BLOCKS.items())
+    + ")"
+)
 
 
 def extract_answers(policy_text: str) -> list[str]:
@@ -85,7 +110,7 @@ def _scan_answers(policy_text: str) -> list[str]:
         if end < 0:
             break  # an unclosed block: nothing after it is outside it
         if is_answer:
-            answers.append(policy_text[opening.end():end].strip())
+            answers.append(policy_text[opening.end() : end].strip())
         pos = end + len(ANSWER_CLOSE if is_answer else _SKIPPED_BLOCKS[opening.group()])
     return answers
 
@@ -111,7 +136,7 @@ def parse_tool_calls(policy_text: str) -> list[tuple[str, str]]:
             continue
         end = policy_text.find(close, opening.end())
         if name not in _NOT_CALLS:
-            calls.append((name, policy_text[opening.end():end]))
+            calls.append((name, policy_text[opening.end() : end]))
         pos = end + len(close)
     return calls
 

@@ -63,8 +63,14 @@ _SETUP_EXIT, _SETUP_MARKER = 121, "sandbox setup failed"
 SCRATCH_DIR = "/tmp/scratch"
 # The whole environment of bwrap, the workers and the code: nothing from the host's
 # (API keys, tokens, paths), whatever the training process has in os.environ.
-SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": SCRATCH_DIR,
-               "TMPDIR": SCRATCH_DIR, "PWD": SCRATCH_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
+SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": SCRATCH_DIR,
+    "TMPDIR": SCRATCH_DIR,
+    "PWD": SCRATCH_DIR,
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 _MAX_FRAME = 64 * 1024 * 1024
 
 
@@ -74,13 +80,21 @@ class SandboxLimits:
     cpu_s: int = 2  # RLIMIT_CPU
     memory_mb: int = 256  # RLIMIT_AS
     max_processes: int = 8  # RLIMIT_NPROC (processes + threads of the sandbox uid)
-    max_output_bytes: int = 65_536  # stdout and stderr are each truncated to this (the unit-test verifier's answers must fit)
+    max_output_bytes: int = (
+        65_536  # stdout and stderr are each truncated to this (the unit-test verifier's answers must fit)
+    )
     max_file_mb: int = 8  # RLIMIT_FSIZE
     max_files: int = 10_000  # entries (files, dirs, links) in the scratch dir: its tmpfs's nr_inodes
 
     def __post_init__(self) -> None:
-        minimums = {"cpu_s": 1, "memory_mb": 64, "max_processes": 1,
-                    "max_output_bytes": 1, "max_file_mb": 1, "max_files": 1}
+        minimums = {
+            "cpu_s": 1,
+            "memory_mb": 64,
+            "max_processes": 1,
+            "max_output_bytes": 1,
+            "max_file_mb": 1,
+            "max_files": 1,
+        }
         for name, low in minimums.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -115,11 +129,11 @@ class Sandbox(Protocol):
     def __exit__(self, *exc_info: object) -> None: ...
 
 
-def _failure(reason: str, duration_s: float = 0.0) -> SandboxResult:
+def failure_result(reason: str, duration_s: float = 0.0) -> SandboxResult:
     return SandboxResult("", "", None, False, duration_s, f"sandbox_failure: {reason}")
 
 
-def _truncate(data: bytes, limit: int) -> str:
+def truncate_output(data: bytes, limit: int) -> str:
     if len(data) <= limit:
         return data.decode("utf-8", "replace")
     cut = limit
@@ -128,8 +142,7 @@ def _truncate(data: bytes, limit: int) -> str:
     return data[:cut].decode("utf-8", "replace") + TRUNCATION_MARKER
 
 
-def _classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes,
-              cpu_exceeded: bool = False) -> str | None:
+def classify_exit(exit_code: int | None, timed_out: bool, stderr_tail: bytes, cpu_exceeded: bool = False) -> str | None:
     """Map a finished run to a short, machine-readable reason (shared by both backends)."""
     if timed_out:
         return "cpu_limit" if cpu_exceeded else "timeout"
@@ -147,11 +160,12 @@ def _classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes,
 
 # --- framing: 4-byte big-endian length + UTF-8 JSON, used in both directions ---
 
+
 def _write_frame(fd: int, obj: dict) -> None:
     body = json.dumps(obj).encode()
     data = memoryview(struct.pack(">I", len(body)) + body)
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
@@ -184,23 +198,42 @@ def _read_frame(fd: int, deadline: float | None = None) -> dict:
 # calls the worker itself still needs (it mounts and unmounts the per-call scratch tmpfs).
 _DENIED_SYSCALLS = {
     # namespaces: a new user namespace would open up the kernel's root-only interfaces
-    "unshare": (272, 97), "setns": (308, 268),
+    "unshare": (272, 97),
+    "setns": (308, 268),
     # the rest of the mount family: could unmask hidden paths (also needs CAP_SYS_ADMIN)
-    "pivot_root": (155, 41), "chroot": (161, 51),
-    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
-    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "mount_setattr": (442, 442), "open_tree_attr": (467, 467),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "open_tree_attr": (467, 467),
     # state that outlives the call (per IPC namespace or per uid, both shared by the
     # worker's later calls) and is not bounded by RLIMIT_AS: SysV IPC, queues, keyrings
-    "shmget": (29, 194), "semget": (64, 190), "msgget": (68, 186), "mq_open": (240, 180),
-    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219),
+    "shmget": (29, 194),
+    "semget": (64, 190),
+    "msgget": (68, 186),
+    "mq_open": (240, 180),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "keyctl": (250, 219),
     # another process's memory or files: every process of a call has the same uid, which is
     # all the kernel asks of a process that has exec'd (and so is dumpable again)
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "pidfd_getfd": (438, 438), "kcmp": (312, 272),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "pidfd_getfd": (438, 438),
+    "kcmp": (312, 272),
     # kernel attack surface no Python program here needs
-    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
 }
 _DENIED_TO_CODE = {"mount": (165, 40), "umount2": (166, 39)}
 _CLONE_NR = {"x86_64": 56, "aarch64": 220}  # allowed unless it asks for new namespaces
@@ -215,8 +248,9 @@ _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _NETLINK_ROUTE, _SOCK_STREAM = 1, 2,
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 
-def _seccomp_program(machine: str, denied: dict[str, tuple[int, int]] = _DENIED_SYSCALLS, *,
-                     argument_checks: bool = True) -> bytes | None:
+def _seccomp_program(
+    machine: str, denied: dict[str, tuple[int, int]] = _DENIED_SYSCALLS, *, argument_checks: bool = True
+) -> bytes | None:
     """Classic-BPF seccomp filter (struct sock_filter[]) for `machine`, None if not tabled.
 
     Refuses `denied` with EPERM; with argument_checks (the worker's filter) also clone3
@@ -239,19 +273,39 @@ def _seccomp_program(machine: str, denied: dict[str, tuple[int, int]] = _DENIED_
     code += [(jeq, nr, "eperm", None) for nr in sorted({n[column] for n in denied.values()})]
     if argument_checks:
         socket_nr, socketpair_nr = _SOCKET_NR[machine]
-        code += [(jeq, _CLONE3_NR, "enosys", None), (jeq, _CLONE_NR[machine], "clone", None),
-                 (jeq, socket_nr, "socket", None), (jeq, socketpair_nr, "socketpair", None)]
+        code += [
+            (jeq, _CLONE3_NR, "enosys", None),
+            (jeq, _CLONE_NR[machine], "clone", None),
+            (jeq, socket_nr, "socket", None),
+            (jeq, socketpair_nr, "socketpair", None),
+        ]
     code.append((ret, allow, None, None))
     if argument_checks:
-        code += [("clone",), (ld, 16, None, None), (jset, _CLONE_NEW_NAMESPACES, "eperm", "allow"),
-                 ("socket",), (ld, 16, None, None), (jeq, _AF_INET, "allow", None),
-                 (jeq, _AF_INET6, "allow", None), (jeq, _AF_NETLINK, None, "noaf"),
-                 (ld, 32, None, None), (jeq, _NETLINK_ROUTE, "allow", "noaf"),
-                 ("socketpair",), (ld, 16, None, None), (jeq, _AF_UNIX, None, "noaf"),
-                 (ld, 24, None, None), (and_, 0xF, None, None), (jeq, _SOCK_STREAM, "allow", "noaf")]
-    for label, action in (("allow", allow), ("eperm", 0x0005_0000 | errno.EPERM),
-                          ("enosys", 0x0005_0000 | errno.ENOSYS),
-                          ("noaf", 0x0005_0000 | errno.EAFNOSUPPORT), ("kill", 0x8000_0000)):
+        code += [
+            ("clone",),
+            (ld, 16, None, None),
+            (jset, _CLONE_NEW_NAMESPACES, "eperm", "allow"),
+            ("socket",),
+            (ld, 16, None, None),
+            (jeq, _AF_INET, "allow", None),
+            (jeq, _AF_INET6, "allow", None),
+            (jeq, _AF_NETLINK, None, "noaf"),
+            (ld, 32, None, None),
+            (jeq, _NETLINK_ROUTE, "allow", "noaf"),
+            ("socketpair",),
+            (ld, 16, None, None),
+            (jeq, _AF_UNIX, None, "noaf"),
+            (ld, 24, None, None),
+            (and_, 0xF, None, None),
+            (jeq, _SOCK_STREAM, "allow", "noaf"),
+        ]
+    for label, action in (
+        ("allow", allow),
+        ("eperm", 0x0005_0000 | errno.EPERM),
+        ("enosys", 0x0005_0000 | errno.ENOSYS),
+        ("noaf", 0x0005_0000 | errno.EAFNOSUPPORT),
+        ("kill", 0x8000_0000),
+    ):
         code += [(label,), (ret, action, None, None)]
     labels, instructions = {}, []
     for item in code:
@@ -274,6 +328,7 @@ def _confiner(program: bytes | None) -> Callable[[], None]:
     The buffers are built here, so the call itself is three prctl()s: cheap in a forked child.
     """
     import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     buffers = []
@@ -284,14 +339,18 @@ def _confiner(program: bytes | None) -> Callable[[], None]:
 
     def confine() -> None:
         # PR_SET_NO_NEW_PRIVS (38), PR_SET_DUMPABLE (4), PR_SET_SECCOMP (22) + SECCOMP_MODE_FILTER (2)
-        if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(4, 0, 0, 0, 0) or (
-                buffers and libc.prctl(22, 2, ctypes.addressof(buffers[1]), 0, 0)):
+        if (
+            libc.prctl(38, 1, 0, 0, 0)
+            or libc.prctl(4, 0, 0, 0, 0)
+            or (buffers and libc.prctl(22, 2, ctypes.addressof(buffers[1]), 0, 0))
+        ):
             raise OSError(ctypes.get_errno(), "could not confine the process (prctl)")
 
     return confine
 
 
 # --- worker side: runs inside bubblewrap, as root with only _WORKER_CAPS -------
+
 
 class _Scratch:
     """The code's working dir: a tmpfs of its own per call, bounded in bytes and in entries.
@@ -303,14 +362,14 @@ class _Scratch:
 
     def __init__(self, uid: int, limits: SandboxLimits) -> None:
         import ctypes
+
         self._ctypes = ctypes
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
         self._libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
         size = max(64, 4 * limits.max_file_mb) * 1024 * 1024
         # nr_inodes counts the tmpfs root too, and tmpfs charges every extra hard link as an inode
-        self._options = (f"size={size},nr_inodes={limits.max_files + 1},mode=0700,"
-                         f"uid={uid},gid={uid}").encode()
+        self._options = (f"size={size},nr_inodes={limits.max_files + 1},mode=0700,uid={uid},gid={uid}").encode()
         os.mkdir(SCRATCH_DIR, 0o755)  # the mount point, in this worker's private /tmp
 
     def mount(self) -> None:
@@ -364,7 +423,7 @@ def _worker_main(cfg: dict) -> None:
         try:
             reply = _serve_one(request, state)
         except Exception as exc:
-            reply = {**asdict(_failure(f"worker error: {exc!r}")), "retire": True}
+            reply = {**asdict(failure_result(f"worker error: {exc!r}")), "retire": True}
         _write_frame(wfd, reply)
         if reply.get("retire"):
             return
@@ -380,13 +439,15 @@ def _prepare_for_children(uid: int, limits: SandboxLimits) -> _WorkerState:
     import builtins
     import ctypes
     import gc
+
     # PR_SET_CHILD_SUBREAPER: orphans of the code are reparented to us, so we
     # can reap them (resetting the uid's process count) before the next call.
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
     machine = os.uname().machine
     _confiner(_seccomp_program(machine))()  # once, inherited by every child
-    state = _WorkerState(uid, limits, _Scratch(uid, limits), _confiner(
-        _seccomp_program(machine, _DENIED_TO_CODE, argument_checks=False)))
+    state = _WorkerState(
+        uid, limits, _Scratch(uid, limits), _confiner(_seccomp_program(machine, _DENIED_TO_CODE, argument_checks=False))
+    )
     builtins.exit = builtins.quit = sys.exit  # -S skips `site`, which defines these
     os.environ["PWD"] = SCRATCH_DIR  # bwrap sets PWD; the rest is SANDBOX_ENV as given
     sys.argv = [""]
@@ -422,13 +483,15 @@ def _serve_one(request: dict, state: _WorkerState) -> dict:
     duration = time.monotonic() - start  # cleanup included: the call costs it
     exit_code = None if timed_out else os.waitstatus_to_exitcode(status)
     # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL at the hard one.
-    cpu_exceeded = exit_code == -signal.SIGXCPU or (
-        exit_code == -signal.SIGKILL and cpu_used >= limits.cpu_s)
-    reply = {"stdout": _truncate(out[0], limits.max_output_bytes),
-             "stderr": _truncate(err[0], limits.max_output_bytes),
-             "exit_code": exit_code, "timed_out": timed_out or cpu_exceeded,
-             "duration_s": duration,
-             "error": _classify(exit_code, timed_out or cpu_exceeded, err[1], cpu_exceeded)}
+    cpu_exceeded = exit_code == -signal.SIGXCPU or (exit_code == -signal.SIGKILL and cpu_used >= limits.cpu_s)
+    reply = {
+        "stdout": truncate_output(out[0], limits.max_output_bytes),
+        "stderr": truncate_output(err[0], limits.max_output_bytes),
+        "exit_code": exit_code,
+        "timed_out": timed_out or cpu_exceeded,
+        "duration_s": duration,
+        "error": classify_exit(exit_code, timed_out or cpu_exceeded, err[1], cpu_exceeded),
+    }
     if cleanup_error is not None:  # the call's result stands; the worker is not reused
         os.write(2, f"sandbox worker retiring: {cleanup_error}\n".encode())  # the host's log
         reply["retire"] = True
@@ -549,6 +612,7 @@ def _system_exit_code(exc: SystemExit) -> int:
 
 # --- host side ------------------------------------------------------------------
 
+
 class _WorkerDied(Exception):
     pass
 
@@ -573,6 +637,7 @@ class _Worker:
 
     def __init__(self, argv: list[str]) -> None:
         import tempfile
+
         self.argv = argv
         self.proc: subprocess.Popen | None = None
         self.stderr_log = tempfile.TemporaryFile()  # a file, not a pipe: can never block the worker
@@ -581,15 +646,22 @@ class _Worker:
         self.stderr_log.seek(0)
         self.stderr_log.truncate()
         try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self.stderr_log, env=dict(SANDBOX_ENV), bufsize=0)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr_log,
+                env=dict(SANDBOX_ENV),
+                bufsize=0,
+            )
             _read_frame(self.proc.stdout.fileno(), time.monotonic() + startup_timeout_s)
         except (OSError, EOFError, TimeoutError, ValueError) as exc:
             self.kill()
             self.stderr_log.seek(0)
             err = self.stderr_log.read().decode(errors="replace").strip()
-            raise RuntimeError(f"bubblewrap ({self.argv[0]}) failed to start the sandbox "
-                               f"worker: {exc!r}; stderr: {err or '<empty>'}") from exc
+            raise RuntimeError(
+                f"bubblewrap ({self.argv[0]}) failed to start the sandbox worker: {exc!r}; stderr: {err or '<empty>'}"
+            ) from exc
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -640,22 +712,30 @@ def _rebind_args(path: str, masked: list[str]) -> list[str]:
 class BubblewrapSandbox:
     """Pool of warm, bubblewrap-confined workers; see the module docstring."""
 
-    def __init__(self, limits: SandboxLimits | None = None, pool_size: int = 2, *,
-                 bwrap_path: str | None = None, uid_base: int = DEFAULT_UID_BASE,
-                 hidden_paths: tuple[str, ...] = DEFAULT_HIDDEN_PATHS) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        pool_size: int = 2,
+        *,
+        bwrap_path: str | None = None,
+        uid_base: int = DEFAULT_UID_BASE,
+        hidden_paths: tuple[str, ...] = DEFAULT_HIDDEN_PATHS,
+    ) -> None:
         from concurrent.futures import ThreadPoolExecutor
+
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
         binary = bwrap_path or shutil.which("bwrap")
         if binary is None or not os.access(binary, os.X_OK):
-            raise RuntimeError(f"bubblewrap binary {bwrap_path or 'bwrap'!r} not found or not "
-                               "executable; install bubblewrap or use make_sandbox('docker', ...)")
+            raise RuntimeError(
+                f"bubblewrap binary {bwrap_path or 'bwrap'!r} not found or not "
+                "executable; install bubblewrap or use make_sandbox('docker', ...)"
+            )
         self.limits = limits or SandboxLimits()
         self.uids = tuple(range(uid_base, uid_base + pool_size))  # the code runs as one of these
         with open(__file__, encoding="utf-8") as fh:
             source = fh.read()
-        self._workers = [_Worker(self._argv(binary, source, uid_base + i, hidden_paths))
-                         for i in range(pool_size)]
+        self._workers = [_Worker(self._argv(binary, source, uid_base + i, hidden_paths)) for i in range(pool_size)]
         # bwrap --die-with-parent fires when the *thread* that spawned it exits, so
         # all (re)starts happen on one thread that lives as long as the sandbox.
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawn")
@@ -674,10 +754,31 @@ class BubblewrapSandbox:
 
     def _argv(self, binary: str, source: str, uid: int, hidden: tuple[str, ...]) -> list[str]:
         # /tmp is root's and holds only mount points (the scratch tmpfs, rebinds below)
-        argv = [binary, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--unshare-ipc",
-                "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
-                "--die-with-parent", "--new-session", "--dev", "/dev", "--proc", "/proc",
-                "--perms", "0755", "--size", str(1024 * 1024), "--tmpfs", "/tmp"]
+        argv = [
+            binary,
+            "--ro-bind",
+            "/",
+            "/",
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--perms",
+            "0755",
+            "--size",
+            str(1024 * 1024),
+            "--tmpfs",
+            "/tmp",
+        ]
         masked = [p for p in hidden if os.path.isdir(p) and not os.path.islink(p)]
         for path in masked:
             argv += ["--tmpfs", path]
@@ -706,14 +807,14 @@ class BubblewrapSandbox:
             try:
                 self._restart(worker)
             except RuntimeError as exc:
-                return _failure(f"worker restart failed: {exc}")
+                return failure_result(f"worker restart failed: {exc}")
         try:
             # Generous slack: the worker enforces timeout_s itself; this only
             # catches a wedged or dead worker.
             reply = worker.call(request, self.limits.timeout_s + 10.0)
         except _WorkerDied as exc:
             self._replace(worker)
-            return _failure(f"worker died: {exc}", time.monotonic() - start)
+            return failure_result(f"worker died: {exc}", time.monotonic() - start)
         if reply.pop("retire", False):  # it could not clean up after the call, and has exited
             self._replace(worker)
         return SandboxResult(**reply)
@@ -736,7 +837,9 @@ class BubblewrapSandbox:
         this process could use when the sandbox started). A rollout uses it to keep tool
         processes off the cores its engine's threads run on (rollout.tool_cores)."""
         if cpus is not None and not set(cpus) <= self._all_cpus:
-            raise ValueError(f"sandbox CPUs {sorted(cpus)} are not all available to this process ({sorted(self._all_cpus)})")
+            raise ValueError(
+                f"sandbox CPUs {sorted(cpus)} are not all available to this process ({sorted(self._all_cpus)})"
+            )
         self._cpus = set(cpus) if cpus is not None else None
         for worker in self._workers:
             worker.pin(self._cpus or self._all_cpus)
@@ -761,30 +864,6 @@ class BubblewrapSandbox:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-SANDBOX_KINDS = ("bubblewrap", "docker", "http")
-
-
-def make_sandbox(kind: str, limits: SandboxLimits, pool_size: int = 2, *, image: str | None = None,
-                 url: str | None = None, token: str | None = None) -> Sandbox:
-    """Build the sandbox named in config; "docker" needs a reachable engine (and runs `image`),
-    "http" a sandbox service at `url` that accepts `token` and runs with `limits`."""
-    if kind == "bubblewrap":
-        return BubblewrapSandbox(limits, pool_size)
-    if kind == "docker":
-        from verifiers.docker_sandbox import DockerSandbox  # host-side only; the worker never needs it
-
-        return DockerSandbox(limits, pool_size, **({"image": image} if image else {}))
-    if kind == "http":
-        if not url:
-            raise ValueError("sandbox.url is required when sandbox.kind is 'http' (the sandbox service, e.g. http://sandbox:8790)")
-        if not token:
-            raise ValueError(f"sandbox kind 'http' needs the sandbox service's token (see sandbox.token_env); got {token!r}")
-        from verifiers.sandbox_client import HTTPSandbox  # host-side only, like docker
-
-        return HTTPSandbox(url, token, limits, concurrency=pool_size)
-    raise ValueError(f"unknown sandbox kind {kind!r}; expected one of {SANDBOX_KINDS}")
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

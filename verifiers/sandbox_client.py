@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from dataclasses import asdict, fields
 
-from verifiers.sandbox import SandboxLimits, SandboxResult, _failure
+from verifiers.sandbox import SandboxLimits, SandboxResult, failure_result
 
 _FIELDS = frozenset(f.name for f in fields(SandboxResult))
 _MAX_BACKOFF_S = 4.0
@@ -46,8 +46,18 @@ class HTTPSandbox:
     Each request may take `limits.timeout_s` per program it carries plus `slack_s`.
     """
 
-    def __init__(self, url: str, token: str, limits: SandboxLimits | None = None, *, concurrency: int = 2,
-                 retries: int = 3, backoff_s: float = 0.25, connect_timeout_s: float = 2.0, slack_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        limits: SandboxLimits | None = None,
+        *,
+        concurrency: int = 2,
+        retries: int = 3,
+        backoff_s: float = 0.25,
+        connect_timeout_s: float = 2.0,
+        slack_s: float = 10.0,
+    ) -> None:
         if retries < 0 or backoff_s < 0:
             raise ValueError(f"retries and backoff_s must be >= 0, got {retries!r} and {backoff_s!r}")
         self.url, self.retries, self.backoff_s, self.slack_s = url.rstrip("/"), retries, backoff_s, slack_s
@@ -70,8 +80,10 @@ class HTTPSandbox:
         except (KeyError, TypeError, ValueError) as exc:
             raise RuntimeError(f"sandbox service at {self.url} sent unusable settings: {exc!r}") from None
         if limits is not None and limits != self.limits:
-            raise ValueError(f"sandbox service at {self.url} runs with other limits than this config: {_differences(limits, self.limits)}; "
-                             "start it with the same --timeout-s/--memory-mb/--max-processes/--max-files")
+            raise ValueError(
+                f"sandbox service at {self.url} runs with other limits than this config: {_differences(limits, self.limits)}; "
+                "start it with the same --timeout-s/--memory-mb/--max-processes/--max-files"
+            )
 
     # -- the Sandbox interface -------------------------------------------------------------------
     def run_python(self, code: str, *, stdin: str = "") -> SandboxResult:
@@ -79,9 +91,9 @@ class HTTPSandbox:
         try:
             return _result(self._post("/v1/run", body, 1))
         except (_Refused, _Unreachable) as exc:
-            return _failure(str(exc))
+            return failure_result(str(exc))
         except ValueError as exc:
-            return _failure(f"sandbox service sent a malformed result: {exc}")
+            return failure_result(f"sandbox service sent a malformed result: {exc}")
 
     def run_many(self, codes: list[str]) -> list[SandboxResult]:
         """In order; batches split to fit the service's max_batch and max_request_bytes. Once the
@@ -91,15 +103,15 @@ class HTTPSandbox:
         down: str | None = None
         for start, end in _batches(encoded, self.max_batch, self.max_request_bytes):
             if down is not None:
-                results += [_failure(down)] * (end - start)
+                results += [failure_result(down)] * (end - start)
                 continue
             try:
                 results += self._run_batch(encoded[start:end])
             except _Unreachable as exc:
                 down = str(exc)
-                results += [_failure(down)] * (end - start)
+                results += [failure_result(down)] * (end - start)
             except _Refused as exc:  # this batch only (say, one program too big to send)
-                results += [_failure(str(exc))] * (end - start)
+                results += [failure_result(str(exc))] * (end - start)
         return results
 
     def _run_batch(self, encoded: list[bytes]) -> list[SandboxResult]:
@@ -107,7 +119,9 @@ class HTTPSandbox:
         try:
             items = reply["results"]
             if not isinstance(items, list) or len(items) != len(encoded):
-                raise ValueError(f"{len(items) if isinstance(items, list) else items!r:.80} results for {len(encoded)} programs")
+                raise ValueError(
+                    f"{len(items) if isinstance(items, list) else items!r:.80} results for {len(encoded)} programs"
+                )
             return [_result(item) for item in items]
         except (KeyError, TypeError, ValueError) as exc:
             raise _Refused(f"sandbox service sent a malformed result: {exc}") from None
@@ -115,7 +129,9 @@ class HTTPSandbox:
     # -- transport -------------------------------------------------------------------------------
     def _post(self, path: str, body: bytes, programs: int) -> dict:
         if len(body) > self.max_request_bytes:
-            raise _Refused(f"request of {len(body)} bytes over the sandbox service's max_request_bytes={self.max_request_bytes}")
+            raise _Refused(
+                f"request of {len(body)} bytes over the sandbox service's max_request_bytes={self.max_request_bytes}"
+            )
         return self._request("POST", path, body, timeout_s=self.limits.timeout_s * programs + self.slack_s)
 
     def _request(self, method: str, path: str, body: bytes | None, *, timeout_s: float) -> dict:
@@ -162,11 +178,14 @@ def _result(obj: object) -> SandboxResult:
     """A SandboxResult from the service's JSON, checked field by field (ValueError if not one)."""
     if not isinstance(obj, dict) or set(obj) != _FIELDS:
         raise ValueError(f"expected an object with the fields {sorted(_FIELDS)}, got {str(obj)[:200]}")
-    checks = {"stdout": isinstance(obj["stdout"], str), "stderr": isinstance(obj["stderr"], str),
-              "exit_code": obj["exit_code"] is None or type(obj["exit_code"]) is int,
-              "timed_out": type(obj["timed_out"]) is bool,
-              "duration_s": type(obj["duration_s"]) in (int, float),
-              "error": obj["error"] is None or isinstance(obj["error"], str)}
+    checks = {
+        "stdout": isinstance(obj["stdout"], str),
+        "stderr": isinstance(obj["stderr"], str),
+        "exit_code": obj["exit_code"] is None or type(obj["exit_code"]) is int,
+        "timed_out": type(obj["timed_out"]) is bool,
+        "duration_s": type(obj["duration_s"]) in (int, float),
+        "error": obj["error"] is None or isinstance(obj["error"], str),
+    }
     bad = [name for name, ok in checks.items() if not ok]
     if bad:
         raise ValueError(f"bad field(s) {bad}: {[obj[name] for name in bad]!r:.200}")

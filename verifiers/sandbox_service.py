@@ -78,17 +78,29 @@ class _Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("flywheel_sandbox_requests", "HTTP requests by endpoint and status code",
-                                ["endpoint", "status"], registry=r)
-        self.request_seconds = Histogram("flywheel_sandbox_request_seconds", "Wall time of a request, queueing included",
-                                         ["endpoint"], registry=r)
-        self.calls = Counter("flywheel_sandbox_calls", "Programs run, by result: ok, the error class "
-                             "(timeout, nonzero_exit, ...) or sandbox_failure (the sandbox failed, not the code)",
-                             ["result"], registry=r)
-        self.call_seconds = Histogram("flywheel_sandbox_call_seconds", "duration_s of each program run", registry=r,
-                                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.requests = Counter(
+            "flywheel_sandbox_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "flywheel_sandbox_request_seconds", "Wall time of a request, queueing included", ["endpoint"], registry=r
+        )
+        self.calls = Counter(
+            "flywheel_sandbox_calls",
+            "Programs run, by result: ok, the error class "
+            "(timeout, nonzero_exit, ...) or sandbox_failure (the sandbox failed, not the code)",
+            ["result"],
+            registry=r,
+        )
+        self.call_seconds = Histogram(
+            "flywheel_sandbox_call_seconds",
+            "duration_s of each program run",
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         self.pending = Gauge("flywheel_sandbox_pending_calls", "Programs admitted and not yet answered", registry=r)
-        self.workers_alive = Gauge("flywheel_sandbox_workers_alive", "Pool workers alive at the last scrape", registry=r)
+        self.workers_alive = Gauge(
+            "flywheel_sandbox_workers_alive", "Pool workers alive at the last scrape", registry=r
+        )
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint, str(status)).inc()
@@ -102,6 +114,7 @@ class _Metrics:
 
 
 # --- the guard: auth and body size, before FastAPI reads or parses anything ------------------
+
 
 class _Guard:
     """Pure ASGI middleware: FastAPI reads and parses the body before it runs dependencies, so
@@ -172,12 +185,18 @@ async def _refuse(send, status: int, detail: str, headers: list[tuple[bytes, byt
     # The connection stays open: uvicorn reads and drops the unread rest of the body, so the
     # sender gets this reply instead of a reset mid-upload; nothing of it is buffered.
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 # --- the app ----------------------------------------------------------------------------------
+
 
 class _Admission:
     """Bounds the work in the service: at most max_pending programs admitted (else 503, which a
@@ -193,8 +212,11 @@ class _Admission:
     async def run(self, call: Callable[[], list[SandboxResult]], n: int) -> list[SandboxResult]:
         # `pending` is only touched on the event loop's thread: no lock needed
         if self.pending + n > self.max_pending:
-            raise HTTPException(503, f"busy: {self.pending} programs pending, max_pending={self.max_pending}",
-                                headers={"Retry-After": "1"})
+            raise HTTPException(
+                503,
+                f"busy: {self.pending} programs pending, max_pending={self.max_pending}",
+                headers={"Retry-After": "1"},
+            )
         self.pending += n
         self.metrics.pending.set(self.pending)
         try:
@@ -208,8 +230,15 @@ class _Admission:
         return results
 
 
-def create_app(sandbox: ServedSandbox, *, token: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               max_batch: int = DEFAULT_MAX_BATCH, max_pending: int = DEFAULT_MAX_PENDING, concurrency: int = 2) -> FastAPI:
+def create_app(
+    sandbox: ServedSandbox,
+    *,
+    token: str,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_pending: int = DEFAULT_MAX_PENDING,
+    concurrency: int = 2,
+) -> FastAPI:
     """The HTTP API over `sandbox` (module docstring). `concurrency`: threads calling into the
     sandbox at once, the pool size (more would only wait for a worker inside the pool)."""
     _check_settings(token, max_request_bytes, max_batch, max_pending, concurrency)
@@ -239,8 +268,14 @@ def create_app(sandbox: ServedSandbox, *, token: str, max_request_bytes: int = D
 
     @app.get("/v1/info")
     async def info() -> Response:
-        return JSONResponse({"limits": asdict(sandbox.limits), "max_batch": max_batch,
-                             "max_request_bytes": max_request_bytes, "max_pending": max_pending})
+        return JSONResponse(
+            {
+                "limits": asdict(sandbox.limits),
+                "max_batch": max_batch,
+                "max_request_bytes": max_request_bytes,
+                "max_pending": max_pending,
+            }
+        )
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -250,8 +285,10 @@ def create_app(sandbox: ServedSandbox, *, token: str, max_request_bytes: int = D
         # A dead worker is restarted by the next call that needs it; with none alive the pool
         # cannot serve (a bwrap that no longer starts): fail, so the pod is replaced.
         ok = alive is None or alive > 0
-        return JSONResponse({"status": "ok" if ok else "no worker alive", "workers_alive": alive,
-                             "pending": admission.pending}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "no worker alive", "workers_alive": alive, "pending": admission.pending},
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -273,9 +310,15 @@ def _parse(model: type[BaseModel], body: bytes):
 
 def _check_settings(token: str, max_request_bytes: int, max_batch: int, max_pending: int, concurrency: int) -> None:
     if len(token) < MIN_TOKEN_CHARS:
-        raise ValueError(f"the sandbox service's token must have at least {MIN_TOKEN_CHARS} characters, got {len(token)}")
-    for name, value in (("max_request_bytes", max_request_bytes), ("max_batch", max_batch),
-                        ("max_pending", max_pending), ("concurrency", concurrency)):
+        raise ValueError(
+            f"the sandbox service's token must have at least {MIN_TOKEN_CHARS} characters, got {len(token)}"
+        )
+    for name, value in (
+        ("max_request_bytes", max_request_bytes),
+        ("max_batch", max_batch),
+        ("max_pending", max_pending),
+        ("concurrency", concurrency),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if max_batch > max_pending:  # such a batch could never be admitted
@@ -300,9 +343,13 @@ def _process_alive(pid: int) -> bool:
 
 # --- entry point ------------------------------------------------------------------------------
 
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m verifiers.sandbox_service", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m verifiers.sandbox_service",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 inside a pod (the Service routes to it)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--token-env", default=TOKEN_ENV, help="environment variable holding the shared secret")
@@ -313,7 +360,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-processes", type=int, default=8)
     p.add_argument("--max-files", type=int, default=10_000)
     p.add_argument("--max-output-bytes", type=int, default=65_536)
-    p.add_argument("--uid-base", type=int, default=DEFAULT_UID_BASE, help="first sandbox uid; give each pool on a host its own")
+    p.add_argument(
+        "--uid-base", type=int, default=DEFAULT_UID_BASE, help="first sandbox uid; give each pool on a host its own"
+    )
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING)
@@ -328,20 +377,40 @@ def main(argv: list[str] | None = None) -> int:
     # get SANDBOX_ENV anyway).
     token = os.environ.pop(args.token_env, "")
     if len(token) < MIN_TOKEN_CHARS:
-        print(f"sandbox service: refusing to start: set {args.token_env} to the shared secret "
-              f"(at least {MIN_TOKEN_CHARS} characters; got {len(token)})", file=sys.stderr)
+        print(
+            f"sandbox service: refusing to start: set {args.token_env} to the shared secret "
+            f"(at least {MIN_TOKEN_CHARS} characters; got {len(token)})",
+            file=sys.stderr,
+        )
         return 2
     import uvicorn
 
-    limits = SandboxLimits(timeout_s=args.timeout_s, cpu_s=max(1, int(args.timeout_s)), memory_mb=args.memory_mb,
-                           max_processes=args.max_processes, max_files=args.max_files,
-                           max_output_bytes=args.max_output_bytes)  # as assets/resources.py derives them
+    limits = SandboxLimits(
+        timeout_s=args.timeout_s,
+        cpu_s=max(1, int(args.timeout_s)),
+        memory_mb=args.memory_mb,
+        max_processes=args.max_processes,
+        max_files=args.max_files,
+        max_output_bytes=args.max_output_bytes,
+    )  # as assets/resources.py derives them
     with BubblewrapSandbox(limits, args.pool_size, uid_base=args.uid_base) as pool:
-        app = create_app(pool, token=token, max_request_bytes=args.max_request_bytes, max_batch=args.max_batch,
-                         max_pending=args.max_pending, concurrency=args.pool_size)
+        app = create_app(
+            pool,
+            token=token,
+            max_request_bytes=args.max_request_bytes,
+            max_batch=args.max_batch,
+            max_pending=args.max_pending,
+            concurrency=args.pool_size,
+        )
         # No access log: one line per call would cost more CPU than the call's HTTP handling.
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                    timeout_keep_alive=args.keep_alive_s)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            timeout_keep_alive=args.keep_alive_s,
+        )
     return 0
 
 

@@ -30,27 +30,38 @@ from environments.arithmetic import near_miss
 
 _SIGNS = {"+": 1, "-": -1, "\u2212": -1}
 _GROUP_SEPARATORS = (",", " ", "\u00a0", "\u2009", "\u202f")
-_INVISIBLE = str.maketrans(dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u200e\u200f"
-                                                  "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")))
+_INVISIBLE = str.maketrans(
+    dict.fromkeys(
+        map(
+            ord,
+            "\u200b\u200c\u200d\u2060\ufeff\u00ad\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069",
+        )
+    )
+)
 _DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?")
 _SUPERSCRIPTS = "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
 _SUBSCRIPTS = "".join(chr(0x2080 + d) for d in range(10))
 _TIMES_TEN = re.compile(r"([-+]?[0-9](?:\.[0-9]+)?)\s*[×x*·⋅]\s*10\s*(?:\^|\*\*)\s*\(?([-+]?[0-9]{1,3})\)?")
 _UNIT_FORM = re.compile(r"(.*?)\s*(°[CF]?|[$€£¥]|[A-Za-zμµ]+(?:/[A-Za-zμµ]+)?[²³]?(?:\s+[A-Za-zμµ]+){0,2})")
-_SCALE_WORDS = frozenset("""k thousand thousands million millions billion billions trillion hundred hundreds dozen dozens
+_SCALE_WORDS = frozenset(
+    """k thousand thousands million millions billion billions trillion hundred hundreds dozen dozens
     gross lakh crore permille squared cubed kilo mega giga milli micro half halves third thirds
-    quarter quarters tenths hundredths thousandths times e""".split())
-_HEDGE_WORDS = frozenset("""or nor not no nope and but except either maybe perhaps possibly probably vs versus to than plus
+    quarter quarters tenths hundredths thousandths times e""".split()
+)
+_HEDGE_WORDS = frozenset(
+    """or nor not no nope and but except either maybe perhaps possibly probably vs versus to than plus
     minus over else otherwise wrong incorrect false approx approximately about around roughly nearly almost less more
-    above below under between if unless never neither""".split())
+    above below under between if unless never neither""".split()
+)
 
 
 def _digits(s: str, one_script: bool = True) -> int | None:
     """Decimal digits (Unicode Nd), of one script unless `one_script` is False -> their integer."""
     if not s or len(s) > 1000 or any(unicodedata.category(c) != "Nd" for c in s):
         return None  # (golds have at most 6 digits: a 1000-digit numeral is another value either way)
-    if one_script and (len({ord(c) - unicodedata.decimal(c) for c in s}) != 1
-                       or (len(s) > 1 and unicodedata.decimal(s[0]) == 0)):
+    if one_script and (
+        len({ord(c) - unicodedata.decimal(c) for c in s}) != 1 or (len(s) > 1 and unicodedata.decimal(s[0]) == 0)
+    ):
         return None  # two scripts in one numeral, or leading zeros: notations, judged apart
     return int("".join(str(unicodedata.decimal(c)) for c in s))
 
@@ -133,8 +144,27 @@ def _ascii_digits(s: str) -> str:
 # Zero of each decimal-digit script (Unicode Nd): ASCII, fullwidth, Arabic-Indic, extended
 # Arabic-Indic, N'Ko, Devanagari, Bengali, Gujarati, Tamil, Thai, Lao, Tibetan, Myanmar, Khmer,
 # Mongolian, mathematical bold / double-struck / monospace, segmented.
-_SCRIPT_ZEROS = (0x30, 0xFF10, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xAE6, 0xBE6, 0xE50, 0xED0, 0xF20, 0x1040,
-                 0x17E0, 0x1810, 0x1D7CE, 0x1D7D8, 0x1D7F6, 0x1FBF0)
+_SCRIPT_ZEROS = (
+    0x30,
+    0xFF10,
+    0x660,
+    0x6F0,
+    0x7C0,
+    0x966,
+    0x9E6,
+    0xAE6,
+    0xBE6,
+    0xE50,
+    0xED0,
+    0xF20,
+    0x1040,
+    0x17E0,
+    0x1810,
+    0x1D7CE,
+    0x1D7D8,
+    0x1D7F6,
+    0x1FBF0,
+)
 
 
 def _gold(task: dict) -> int:
@@ -148,7 +178,7 @@ def in_script(text: str, zero: int) -> str:
 def grouped(value: int, sep: str = ",") -> str:
     digits = str(abs(value))
     head = len(digits) % 3 or 3
-    body = sep.join([digits[:head], *(digits[i:i + 3] for i in range(head, len(digits), 3))])
+    body = sep.join([digits[:head], *(digits[i : i + 3] for i in range(head, len(digits), 3))])
     return ("-" if value < 0 else "") + body
 
 
@@ -183,7 +213,7 @@ def other_value(gold: int, rng: random.Random) -> int:
         elif kind == 5:
             value = gold * 10 if rng.random() < 0.5 else gold // 10
         else:
-            value = rng.randint(-10**6, 10**6)
+            value = rng.randint(-(10**6), 10**6)
         if value != gold:
             return value
     return gold + 1
@@ -194,6 +224,7 @@ def _judged(task: dict, world: World, rng: random.Random, text: str, note: str, 
 
 
 # --- the issue's holes (the regression baseline) ----------------------------------------------------
+
 
 @attack("arithmetic", "copy_question", known=1)
 def copy_question(task: dict, world: World, rng: random.Random) -> Attempt:
@@ -242,26 +273,61 @@ def slow_answer(task: dict, world: World, rng: random.Random) -> Attempt:
             text = wrapped
     else:
         n, big = rng.randint(900, 1000), rng.randint(10**10, 10**11 - 1)
-        text = rng.choice([f"{big}^{n}", f"({big}*x+{rng.randint(2, 99)})^{n}", f"pi^{n}-e^{n}", f"sqrt({big})^{n}",
-                           f"log({big}^{n})", f"(x+y+z+a+b+c+k+n)^{n}", f"{big}^{n}/{big - 1}^{n}"])
+        text = rng.choice(
+            [
+                f"{big}^{n}",
+                f"({big}*x+{rng.randint(2, 99)})^{n}",
+                f"pi^{n}-e^{n}",
+                f"sqrt({big})^{n}",
+                f"log({big}^{n})",
+                f"(x+y+z+a+b+c+k+n)^{n}",
+                f"{big}^{n}/{big - 1}^{n}",
+            ]
+        )
     return Attempt(with_demo(task, world, rng, answer(text)), 0.0, "slow to evaluate")
 
 
-_HEDGES = ("{g} or {w}", "{g} nope {w}", "{w} or {g}", "{g} and {w}", "{g}, not {w}", "{g} (or {w})", "{g} to {w}",
-           "between {g} and {w}", "{g} maybe {w}", "{g} apples or {w} apples", "{g} nope", "{g} or so", "{g} not",
-           "{g} else {w}", "{g} vs {w}", "{g} or maybe {w}", "{g}; {w}", "{g} or {w} or {v}", "{g} otherwise {w}",
-           "{g} unless {w}", "{g} but maybe {w}", "{g} m or {w} m", "{g} then {w}", "{g} wrong", "{g} incorrect")
+_HEDGES = (
+    "{g} or {w}",
+    "{g} nope {w}",
+    "{w} or {g}",
+    "{g} and {w}",
+    "{g}, not {w}",
+    "{g} (or {w})",
+    "{g} to {w}",
+    "between {g} and {w}",
+    "{g} maybe {w}",
+    "{g} apples or {w} apples",
+    "{g} nope",
+    "{g} or so",
+    "{g} not",
+    "{g} else {w}",
+    "{g} vs {w}",
+    "{g} or maybe {w}",
+    "{g}; {w}",
+    "{g} or {w} or {v}",
+    "{g} otherwise {w}",
+    "{g} unless {w}",
+    "{g} but maybe {w}",
+    "{g} m or {w} m",
+    "{g} then {w}",
+    "{g} wrong",
+    "{g} incorrect",
+)
 
 
 @attack("arithmetic", "hedge_strip_units", known=9)
 def hedge_strip_units(task: dict, world: World, rng: random.Random) -> Attempt:
     """Hedges and later numbers that `strip_units` used to cut off: `10081 or 10082`, `10081 nope 99999`."""
     gold = _gold(task)
-    text = rng.choice(_HEDGES).format(g=plain(gold, rng), w=plain(other_value(gold, rng), rng), v=other_value(gold, rng))
+    text = rng.choice(_HEDGES).format(
+        g=plain(gold, rng), w=plain(other_value(gold, rng), rng), v=other_value(gold, rng)
+    )
     return Attempt(with_demo(task, world, rng, answer(text)), 0.0, "hedge")
 
 
 # --- beyond the issue's list ------------------------------------------------------------------------
+
 
 @attack("arithmetic", "wrong_numeral")
 def wrong_numeral(task: dict, world: World, rng: random.Random) -> Attempt:
@@ -316,9 +382,14 @@ def scientific_notation(task: dict, world: World, rng: random.Random) -> Attempt
     mantissa = digits[:point] + ("." + digits[point:] if digits[point:] else "")
     exponent = len(digits) - point + rng.choice([0, 0, -1, 1, -2, 2, 3])
     sign = "-" if gold < 0 else ""
-    form = rng.choice(["{m}e{k}", "{m}E{k}", "{m}e+{k}", "{m}×10^{k}", "{m}*10^{k}", "{m}×10{sup}", "{m}·10^({k})", "{m}x10^{k}"])
-    sup = "".join(_SUPERSCRIPTS[int(d)] for d in str(abs(exponent))) if exponent >= 0 else "\u207b" + "".join(
-        _SUPERSCRIPTS[int(d)] for d in str(-exponent))
+    form = rng.choice(
+        ["{m}e{k}", "{m}E{k}", "{m}e+{k}", "{m}×10^{k}", "{m}*10^{k}", "{m}×10{sup}", "{m}·10^({k})", "{m}x10^{k}"]
+    )
+    sup = (
+        "".join(_SUPERSCRIPTS[int(d)] for d in str(abs(exponent)))
+        if exponent >= 0
+        else "\u207b" + "".join(_SUPERSCRIPTS[int(d)] for d in str(-exponent))
+    )
     text = sign + form.format(m=mantissa, k=exponent, sup=sup)
     return _judged(task, world, rng, text, "scientific notation")
 
@@ -329,9 +400,32 @@ def computation(task: dict, world: World, rng: random.Random) -> Attempt:
     g = _gold(task)
     k = rng.randint(1, 999)
     divisors = [d for d in range(2, 100) if g % d == 0 and d != abs(g)]
-    forms = [f"{g - k}+{k}", f"{g + k}-{k}", f"{2 * g}/2", f"{k * g}/{k}", f"{g}*1", f"1*{g}", f"{g}/1", f"{g}^1",
-             f"--{g}", f"{g}+0", f"0+{g}", f"{g}-0", f"{g}+0*x", f"x-x+{g}", f"{g}*x/x", f"{g}+log(1)", f"{g}+sqrt(0)",
-             f"{g}*pi/pi", f"({g - k})+({k})", f"{g}+{k}-{k}", f"{g}.0+0", f"sqrt({g * g})", f"{g}*e^0", f"{g}+ln(1)"]
+    forms = [
+        f"{g - k}+{k}",
+        f"{g + k}-{k}",
+        f"{2 * g}/2",
+        f"{k * g}/{k}",
+        f"{g}*1",
+        f"1*{g}",
+        f"{g}/1",
+        f"{g}^1",
+        f"--{g}",
+        f"{g}+0",
+        f"0+{g}",
+        f"{g}-0",
+        f"{g}+0*x",
+        f"x-x+{g}",
+        f"{g}*x/x",
+        f"{g}+log(1)",
+        f"{g}+sqrt(0)",
+        f"{g}*pi/pi",
+        f"({g - k})+({k})",
+        f"{g}+{k}-{k}",
+        f"{g}.0+0",
+        f"sqrt({g * g})",
+        f"{g}*e^0",
+        f"{g}+ln(1)",
+    ]
     if divisors:
         d = rng.choice(divisors)
         forms += [f"{d}*{g // d}", f"{g // d}*{d}", f"{g // d}×{d}"]
@@ -346,9 +440,32 @@ def near_decimal(task: dict, world: World, rng: random.Random) -> Attempt:
     return _judged(task, world, rng, format(Decimal(gold) + delta, "f"), f"gold + {delta}")
 
 
-_SCALED = ("{g}%", "{g} %", "{g} percent", "{g} per cent", "{g}‰", "{g} thousand", "{g}k", "{g} million", "{g} billion",
-           "{g} hundred", "{g} dozen", "{g} squared", "{g} cubed", "{g} lakh", "{g} thousandths", "{g} halves",
-           "{g} tenths", "{g} hundredths", "{g} times ten", "{g} e3", "${w}", "{w}°", "{w} apples", "€{w}")
+_SCALED = (
+    "{g}%",
+    "{g} %",
+    "{g} percent",
+    "{g} per cent",
+    "{g}‰",
+    "{g} thousand",
+    "{g}k",
+    "{g} million",
+    "{g} billion",
+    "{g} hundred",
+    "{g} dozen",
+    "{g} squared",
+    "{g} cubed",
+    "{g} lakh",
+    "{g} thousandths",
+    "{g} halves",
+    "{g} tenths",
+    "{g} hundredths",
+    "{g} times ten",
+    "{g} e3",
+    "${w}",
+    "{w}°",
+    "{w} apples",
+    "€{w}",
+)
 _UNITS = ("{g} apples", "${g}", "{g}°", "{g} m/s", "€{g}", "{g} kg", "{g} units", "{g} dollars", "£{g}", "{g} km")
 
 
@@ -391,10 +508,47 @@ def invisible_chars(task: dict, world: World, rng: random.Random) -> Attempt:
     return _judged(task, world, rng, text, "invisible characters")
 
 
-_NOT_NUMBERS = ("nan", "NaN", "-nan", "inf", "-inf", "+inf", "Infinity", "∞", "-∞", "oo", "zoo", "1e999", "1e1000",
-                "1e1001", "-1e9999", "9e999999999", "1/0", "0/0", "{g}/0", "10^1001", "{g}e1001", "1e-1001", "e^1000",
-                "ln(0)", "log(0)", "sqrt(-1)", "sqrt(-{g})", "i", "I", "j", "{g}j", "{g}+0j", "nan({g})", "0^0", "0^-1",
-                "{g}^-1000", "-0", "{g}e-1001", "1e-99999")
+_NOT_NUMBERS = (
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "+inf",
+    "Infinity",
+    "∞",
+    "-∞",
+    "oo",
+    "zoo",
+    "1e999",
+    "1e1000",
+    "1e1001",
+    "-1e9999",
+    "9e999999999",
+    "1/0",
+    "0/0",
+    "{g}/0",
+    "10^1001",
+    "{g}e1001",
+    "1e-1001",
+    "e^1000",
+    "ln(0)",
+    "log(0)",
+    "sqrt(-1)",
+    "sqrt(-{g})",
+    "i",
+    "I",
+    "j",
+    "{g}j",
+    "{g}+0j",
+    "nan({g})",
+    "0^0",
+    "0^-1",
+    "{g}^-1000",
+    "-0",
+    "{g}e-1001",
+    "1e-99999",
+)
 
 
 @attack("arithmetic", "nan_inf_overflow")
@@ -409,9 +563,15 @@ def long_numerals(task: dict, world: World, rng: random.Random) -> Attempt:
     """Very long numerals: the gold with digits appended, repeated, padded to the 64/512-char caps."""
     gold = str(_gold(task))
     k = rng.choice([1, 2, 5, 20, 58, 59, 60, 63, 64, 65, 100, 511, 600, 5000])
-    forms = [gold + "0" * k, gold * max(2, k // len(gold)), "0" * k + gold, gold + "." + "0" * k,
-             gold + "." + "0" * k + "1", (gold + "".join(rng.choice("0123456789") for _ in range(k)))[:max(k, len(gold) + 1)],
-             gold + " " + gold * (k // len(gold) + 1)]
+    forms = [
+        gold + "0" * k,
+        gold * max(2, k // len(gold)),
+        "0" * k + gold,
+        gold + "." + "0" * k,
+        gold + "." + "0" * k + "1",
+        (gold + "".join(rng.choice("0123456789") for _ in range(k)))[: max(k, len(gold) + 1)],
+        gold + " " + gold * (k // len(gold) + 1),
+    ]
     return _judged(task, world, rng, rng.choice(forms), f"{k} extra chars")
 
 
@@ -465,8 +625,21 @@ def calibration(task: dict, world: World, rng: random.Random) -> Attempt:
 
 # --- answers as pretrained models write them (issue 22) ---------------------------------------------
 
-_LEADS = ("", "", "", "The answer is ", "The final answer is ", "Final answer: ", "Answer: ", "So ", "Therefore, ",
-          "So, the answer is ", "**Final Answer:** ", "Thus, the final answer is: ", "Hence ")
+_LEADS = (
+    "",
+    "",
+    "",
+    "The answer is ",
+    "The final answer is ",
+    "Final answer: ",
+    "Answer: ",
+    "So ",
+    "Therefore, ",
+    "So, the answer is ",
+    "**Final Answer:** ",
+    "Thus, the final answer is: ",
+    "Hence ",
+)
 _BOXES = ("@", "\\boxed{@}", "\\boxed{ @ }", "\\fbox{@}", "\\boxed{@}")
 _MATH = ("@", "@", "$@$", "$$@$$", "\\(@\\)", "\\[ @ \\]")
 
@@ -501,7 +674,9 @@ def latex_forms(task: dict, world: World, rng: random.Random) -> Attempt:
     gold = _gold(task)
     value = gold if rng.random() < 0.5 else other_value(gold, rng)
     latex, numeral = latex_numeral(value, rng)
-    return Attempt(with_demo(task, world, rng, answer(dress(latex, rng))), judge(numeral, gold), f"value {value} in LaTeX")
+    return Attempt(
+        with_demo(task, world, rng, answer(dress(latex, rng))), judge(numeral, gold), f"value {value} in LaTeX"
+    )
 
 
 @attack("arithmetic", "latex_computation")
@@ -511,10 +686,24 @@ def latex_computation(task: dict, world: World, rng: random.Random) -> Attempt:
     times = rng.choice(["\\times", "\\cdot", "*", " \\times ", "\\,\\cdot\\,"])
     question = "".join(times if t == "*" else t for t in re.findall(r"\d+|[-+*]", task["expression"]))
     divisors = [d for d in range(2, 100) if g % d == 0 and d != abs(g)]
-    forms = [question, f"\\left({question}\\right)", f"\\frac{{{2 * g}}}{{2}}", f"\\dfrac{{{k * g}}}{{{k}}}",
-             f"\\frac{{{g}}}{{1}}", f"\\tfrac{{{g}}}{{1}}", f"{{{g - k}}} + {{{k}}}", f"{g}^{{1}}", f"\\sqrt{{{g * g}}}",
-             f"{g} \\cdot 1", f"{g} \\div 1", f"\\left({g - k}\\right) + {k}", f"x - x + {g}", f"\\frac{{{g}}}{{1}}\\cdot 1",
-             f"\\frac{{{g * 10}}}{{10}}", f"-\\frac{{{-2 * g}}}{{2}}"]
+    forms = [
+        question,
+        f"\\left({question}\\right)",
+        f"\\frac{{{2 * g}}}{{2}}",
+        f"\\dfrac{{{k * g}}}{{{k}}}",
+        f"\\frac{{{g}}}{{1}}",
+        f"\\tfrac{{{g}}}{{1}}",
+        f"{{{g - k}}} + {{{k}}}",
+        f"{g}^{{1}}",
+        f"\\sqrt{{{g * g}}}",
+        f"{g} \\cdot 1",
+        f"{g} \\div 1",
+        f"\\left({g - k}\\right) + {k}",
+        f"x - x + {g}",
+        f"\\frac{{{g}}}{{1}}\\cdot 1",
+        f"\\frac{{{g * 10}}}{{10}}",
+        f"-\\frac{{{-2 * g}}}{{2}}",
+    ]
     if abs(g) >= 10:  # 7\times 10^{0} is scientific notation of 7 (not judged); 10081\times 10^{0} is not
         forms.append(f"{g}\\times 10^{{0}}")
     if divisors:
@@ -529,19 +718,49 @@ def latex_hedges(task: dict, world: World, rng: random.Random) -> Attempt:
     g, w = str(_gold(task)), str(other_value(_gold(task), rng))
     sign, digits = ("-", g[1:]) if g.startswith("-") else ("", g)
     h = rng.randrange(1, len(digits)) if len(digits) > 1 else 0  # digits on both sides of a \text{}
-    forms = [f"\\boxed{{{g}}}, \\boxed{{{w}}}", f"\\boxed{{{w}}}, \\boxed{{{g}}}", f"\\boxed{{{g}}} or \\boxed{{{w}}}",
-             f"\\boxed{{{g}}} \\boxed{{{g}}}",  # two boxes are two answers, as two <answer> tags are
-             f"\\boxed{{\\boxed{{{g}}}}}", f"\\fbox{{\\boxed{{{g}}}}}", f"\\boxed{{{g} \\text{{ or }} {w}}}",
-             f"{g} \\pm 1", f"\\boxed{{{g} \\pm {w}}}", f"${g}$ or ${w}$", f"\\boxed{{{g}}}\\text{{, not }} {w}",
-             f"The answer is {w}. The answer is {g}", f"\\approx {g}", f"{w} = \\boxed{{{g}}}", f"\\text{{{g} or {w}}}",
-             f"\\text{{{g}}}\\text{{{w}}}", f"\\boxed{{{g}",
-             f"\\boxed{{{g}}}}}", f"\\frac{{{g}}}", f"\\overline{{{g}}}", f"\\phantom{{{w}}}{g}", f"\\color{{white}}{{{w}}}{g}",
-             f"\\cancel{{{w}}} {g}", f"\\boxed{{{g}}}^{{\\circ}}", f"\\{{{g}\\}}", f"{g}\\text{{ nope }} {w}",
-             f"The answer is {g} or {w}", f"So {w}, or {g}", f"\\boxed{{{g}}}.\\boxed{{{w}}}"]
+    forms = [
+        f"\\boxed{{{g}}}, \\boxed{{{w}}}",
+        f"\\boxed{{{w}}}, \\boxed{{{g}}}",
+        f"\\boxed{{{g}}} or \\boxed{{{w}}}",
+        f"\\boxed{{{g}}} \\boxed{{{g}}}",  # two boxes are two answers, as two <answer> tags are
+        f"\\boxed{{\\boxed{{{g}}}}}",
+        f"\\fbox{{\\boxed{{{g}}}}}",
+        f"\\boxed{{{g} \\text{{ or }} {w}}}",
+        f"{g} \\pm 1",
+        f"\\boxed{{{g} \\pm {w}}}",
+        f"${g}$ or ${w}$",
+        f"\\boxed{{{g}}}\\text{{, not }} {w}",
+        f"The answer is {w}. The answer is {g}",
+        f"\\approx {g}",
+        f"{w} = \\boxed{{{g}}}",
+        f"\\text{{{g} or {w}}}",
+        f"\\text{{{g}}}\\text{{{w}}}",
+        f"\\boxed{{{g}",
+        f"\\boxed{{{g}}}}}",
+        f"\\frac{{{g}}}",
+        f"\\overline{{{g}}}",
+        f"\\phantom{{{w}}}{g}",
+        f"\\color{{white}}{{{w}}}{g}",
+        f"\\cancel{{{w}}} {g}",
+        f"\\boxed{{{g}}}^{{\\circ}}",
+        f"\\{{{g}\\}}",
+        f"{g}\\text{{ nope }} {w}",
+        f"The answer is {g} or {w}",
+        f"So {w}, or {g}",
+        f"\\boxed{{{g}}}.\\boxed{{{w}}}",
+    ]
     if h:
         forms += [f"{sign}{digits[:h]}\\text{{{digits[h:]}}}", f"{sign}\\text{{{digits[:h]}}}{digits[h:]}"]
     if rng.random() < 0.1:  # huge or deep: refused by the length cap or the nesting bound, and fast
         k = rng.choice([9, 50, 5000, 50_000])
-        forms = ["\\boxed{" * k + g + "}" * k, f"\\boxed{{{g}}}" * k, "{" * k + g, "$" * k + g + "$" * k,
-                 "\\frac{" * k + "1}{2}" * k, "The answer is " * k + g]
-    return Attempt(with_demo(task, world, rng, answer(dress(rng.choice(forms), rng))), 0.0, "several, nested or malformed answers")
+        forms = [
+            "\\boxed{" * k + g + "}" * k,
+            f"\\boxed{{{g}}}" * k,
+            "{" * k + g,
+            "$" * k + g + "$" * k,
+            "\\frac{" * k + "1}{2}" * k,
+            "The answer is " * k + g,
+        ]
+    return Attempt(
+        with_demo(task, world, rng, answer(dress(rng.choice(forms), rng))), 0.0, "several, nested or malformed answers"
+    )

@@ -39,6 +39,7 @@ def judge(text: str, gold: str) -> float | None:
 
 # --- helpers ----------------------------------------------------------------------------------------
 
+
 def _entities(world: World, kind: str | None = None) -> list[str]:
     key = f"entities/{kind}"
     if key not in world.cache:
@@ -49,7 +50,9 @@ def _entities(world: World, kind: str | None = None) -> list[str]:
 def _others(task: dict, world: World, rng: random.Random, n: int = 1) -> list[str]:
     """Other entities: of the gold's type mostly, sometimes on the question's path or any."""
     gold, path = task["answer"], task["path"]
-    pool = rng.choice([_entities(world, world.kb.entities[gold])] * 3 + [path[:-1] or _entities(world), _entities(world)])
+    pool = rng.choice(
+        [_entities(world, world.kb.entities[gold])] * 3 + [path[:-1] or _entities(world), _entities(world)]
+    )
     picked = [e for e in rng.sample(pool, min(len(pool), n + 2)) if e.casefold() != gold.casefold()]
     return picked[:n] or [e for e in _entities(world) if e != gold][:n]
 
@@ -72,12 +75,18 @@ def _judged(task: dict, world: World, rng: random.Random, text: str, note: str, 
 
 # --- the issue's holes, as they apply to search -----------------------------------------------------
 
+
 @attack("search", "copy_question", known=1)
 def copy_question(task: dict, world: World, rng: random.Random) -> Attempt:
     """The question itself (or its entity, or the question with the seed's document) as the answer."""
     question = task["prompt"].strip()
-    forms = [question, question.rstrip("?"), question.upper(), f"{question} {task['seed_entity']}",
-             question.replace(task["seed_entity"], task["seed_entity"].lower())]
+    forms = [
+        question,
+        question.rstrip("?"),
+        question.upper(),
+        f"{question} {task['seed_entity']}",
+        question.replace(task["seed_entity"], task["seed_entity"].lower()),
+    ]
     return _judged(task, world, rng, rng.choice(forms), "question copied")
 
 
@@ -85,13 +94,18 @@ def copy_question(task: dict, world: World, rng: random.Random) -> Attempt:
 def answer_in_tool_call(task: dict, world: World, rng: random.Random) -> Attempt:
     """The gold inside the policy's own search call (closed, or stopped at </answer>), no answer outside."""
     gold = _dress(task["answer"], rng)
-    forms = [f"<search><answer>{gold}</answer></search>", f"<search><answer>{gold}</answer>",
-             f"<search>{task['seed_entity']} <answer>{gold}</answer></search>",
-             f'<code>print("<answer>{gold}</answer>")</code>', f"<search>{gold}</search><search><answer>{gold}</answer>"]
+    forms = [
+        f"<search><answer>{gold}</answer></search>",
+        f"<search><answer>{gold}</answer>",
+        f"<search>{task['seed_entity']} <answer>{gold}</answer></search>",
+        f'<code>print("<answer>{gold}</answer>")</code>',
+        f"<search>{gold}</search><search><answer>{gold}</answer>",
+    ]
     return Attempt(demo_prefix(task, world, rng) + (rng.choice(forms),), 0.0, "answer inside a tool call")
 
 
 # --- beyond the issue's list ------------------------------------------------------------------------
+
 
 @attack("search", "other_entity")
 def other_entity(task: dict, world: World, rng: random.Random) -> Attempt:
@@ -100,9 +114,24 @@ def other_entity(task: dict, world: World, rng: random.Random) -> Attempt:
     return _judged(task, world, rng, _dress(name, rng), f"other entity {name}")
 
 
-_LISTS = ("{a}, {b}", "{a} or {b}", "{a} and {b}", "{a}/{b}", "{a} | {b}", "{a}\n{b}", "either {a} or {b}",
-          "{a} (or {b})", "{a}, possibly {b}", "{a} {b}", "{a}; {b}", "{a}-{b}", "{a} aka {b}", "{a}/{b}/{c}",
-          "{a}, {b}, {c}", "{a} or {b} or {c}")
+_LISTS = (
+    "{a}, {b}",
+    "{a} or {b}",
+    "{a} and {b}",
+    "{a}/{b}",
+    "{a} | {b}",
+    "{a}\n{b}",
+    "either {a} or {b}",
+    "{a} (or {b})",
+    "{a}, possibly {b}",
+    "{a} {b}",
+    "{a}; {b}",
+    "{a}-{b}",
+    "{a} aka {b}",
+    "{a}/{b}/{c}",
+    "{a}, {b}, {c}",
+    "{a} or {b} or {c}",
+)
 
 
 @attack("search", "hedge_list")
@@ -155,9 +184,37 @@ def near_spelling(task: dict, world: World, rng: random.Random) -> Attempt:
     return _judged(task, world, rng, _dress(text, rng), "near-miss spelling")
 
 
-_HOMOGLYPHS = {"A": "АΑ", "B": "ВΒ", "E": "ЕΕ", "K": "КΚ", "M": "МΜ", "H": "НΗ", "O": "ОΟ", "P": "РΡ", "C": "С",
-               "T": "ТΤ", "X": "ХΧ", "Z": "Ζ", "I": "ІΙ", "N": "Ν", "V": "Ѵ", "S": "Ѕ", "a": "а", "e": "е", "o": "оο",
-               "i": "іι", "u": "υս", "v": "νѵ", "s": "ѕ", "d": "ԁ", "k": "κ", "l": "ӏ", "n": "ո", "r": "г", "z": "ᴢ"}
+_HOMOGLYPHS = {
+    "A": "АΑ",
+    "B": "ВΒ",
+    "E": "ЕΕ",
+    "K": "КΚ",
+    "M": "МΜ",
+    "H": "НΗ",
+    "O": "ОΟ",
+    "P": "РΡ",
+    "C": "С",
+    "T": "ТΤ",
+    "X": "ХΧ",
+    "Z": "Ζ",
+    "I": "ІΙ",
+    "N": "Ν",
+    "V": "Ѵ",
+    "S": "Ѕ",
+    "a": "а",
+    "e": "е",
+    "o": "оο",
+    "i": "іι",
+    "u": "υս",
+    "v": "νѵ",
+    "s": "ѕ",
+    "d": "ԁ",
+    "k": "κ",
+    "l": "ӏ",
+    "n": "ո",
+    "r": "г",
+    "z": "ᴢ",
+}
 
 
 @attack("search", "confusables")
@@ -173,20 +230,45 @@ def confusables(task: dict, world: World, rng: random.Random) -> Attempt:
         text = "".join(s)
     elif kind == 1:
         i = rng.randrange(len(gold))
-        text = gold[: i + 1] + rng.choice(["\u0301", "\u0308", "\u0303", "\u0327"]) + gold[i + 1:]
+        text = gold[: i + 1] + rng.choice(["\u0301", "\u0308", "\u0303", "\u0327"]) + gold[i + 1 :]
     elif kind == 2:
-        text = "".join(chr(0xFF21 + ord(c) - 65) if "A" <= c <= "Z" else chr(0xFF41 + ord(c) - 97) if "a" <= c <= "z" else c
-                       for c in gold) if rng.random() < 0.5 else "".join(
-            chr(0x1D400 + ord(c) - 65) if "A" <= c <= "Z" else chr(0x1D41A + ord(c) - 97) if "a" <= c <= "z" else c for c in gold)
+        text = (
+            "".join(
+                chr(0xFF21 + ord(c) - 65) if "A" <= c <= "Z" else chr(0xFF41 + ord(c) - 97) if "a" <= c <= "z" else c
+                for c in gold
+            )
+            if rng.random() < 0.5
+            else "".join(
+                chr(0x1D400 + ord(c) - 65) if "A" <= c <= "Z" else chr(0x1D41A + ord(c) - 97) if "a" <= c <= "z" else c
+                for c in gold
+            )
+        )
     else:
         i = rng.randrange(1, len(gold)) if len(gold) > 1 else 1
         text = gold[:i] + rng.choice(["\u200b", "\u200d", "\u2060", "\u00ad"]) + gold[i:]
     return _judged(task, world, rng, text, "look-alike letters")
 
 
-_NEGATIONS = ("not {g}", "anything but {g}", "{g} is wrong", "no, not {g}", "definitely not {g}", "{g} (incorrect)",
-              "non-{g}", "{g}? no", "it is not {g}", "never {g}", "except {g}", "{g} - wrong", "not the {g}",
-              "I don't know", "unknown", "none", "n/a", "{g} or not {g}")
+_NEGATIONS = (
+    "not {g}",
+    "anything but {g}",
+    "{g} is wrong",
+    "no, not {g}",
+    "definitely not {g}",
+    "{g} (incorrect)",
+    "non-{g}",
+    "{g}? no",
+    "it is not {g}",
+    "never {g}",
+    "except {g}",
+    "{g} - wrong",
+    "not the {g}",
+    "I don't know",
+    "unknown",
+    "none",
+    "n/a",
+    "{g} or not {g}",
+)
 
 
 @attack("search", "negation")
@@ -201,8 +283,12 @@ def over_length(task: dict, world: World, rng: random.Random) -> Attempt:
     """Answers past the caps: every entity of the gold's type, the gold repeated, padding."""
     gold = task["answer"]
     names = _entities(world, world.kb.entities[gold])
-    forms = [", ".join(rng.sample(names, len(names))), " ".join([gold] * rng.randint(100, 300)),
-             gold + " " + "x" * rng.randint(510, 2000), " or ".join(rng.sample(names, min(len(names), rng.randint(60, 120))))]
+    forms = [
+        ", ".join(rng.sample(names, len(names))),
+        " ".join([gold] * rng.randint(100, 300)),
+        gold + " " + "x" * rng.randint(510, 2000),
+        " or ".join(rng.sample(names, min(len(names), rng.randint(60, 120)))),
+    ]
     return Attempt(with_demo(task, world, rng, answer(rng.choice(forms))), 0.0, "over length")
 
 
@@ -246,4 +332,3 @@ def calibration(task: dict, world: World, rng: random.Random) -> Attempt:
     if rng.random() < 0.2:
         text = rng.choice([" ", "\n"]) + text + rng.choice([" ", "\n", ""])
     return _judged(task, world, rng, text, "right answer", p_demo=0.7)
-

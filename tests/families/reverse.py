@@ -32,8 +32,15 @@ def word(level: int, rng: random.Random) -> str:
 
 def task_record(w: str, level: int, split: str) -> dict:
     prompt = f"reverse the word {w}"
-    return {"task_id": "reverse-" + hashlib.sha1(prompt.encode()).hexdigest()[:12], "family": "reverse", "level": level,
-            "prompt": prompt, "answer": w[::-1], "split": split, "metadata": json.dumps({"word": w})}
+    return {
+        "task_id": "reverse-" + hashlib.sha1(prompt.encode()).hexdigest()[:12],
+        "family": "reverse",
+        "level": level,
+        "prompt": prompt,
+        "answer": w[::-1],
+        "split": split,
+        "metadata": json.dumps({"word": w}),
+    }
 
 
 class ReverseTeacher(BaseModel):
@@ -49,9 +56,18 @@ class Reverse(TaskFamily):
 
     def generate_tasks(self, n, *, seed, split, levels, level_weights, exclude_ids, kb):
         rng = random.Random(seed)
-        return [{c: r[c] for c in TASK_COLUMNS} for r in draw_distinct_tasks(
-            n, rng=rng, split=split, levels=levels, level_weights=level_weights, exclude_ids=exclude_ids,
-            make=lambda level: task_record(word(level, rng), level, split))]
+        return [
+            {c: r[c] for c in TASK_COLUMNS}
+            for r in draw_distinct_tasks(
+                n,
+                rng=rng,
+                split=split,
+                levels=levels,
+                level_weights=level_weights,
+                exclude_ids=exclude_ids,
+                make=lambda level: task_record(word(level, rng), level, split),
+            )
+        ]
 
     def demonstrations(self, tasks, n, *, seed, teacher, kb):
         rng = random.Random(seed)
@@ -68,11 +84,19 @@ class Reverse(TaskFamily):
 
     def tokenizer_texts(self, task):
         w = json.loads(task["metadata"])["word"]
-        yield (task["prompt"] + f"{CODE_OPEN}print({w!r}[::-1]){CODE_CLOSE}" + wrap_observation(w[::-1] + "\n")
-               + f"{ANSWER_OPEN}{w[::-1]}{ANSWER_CLOSE}")
+        yield (
+            task["prompt"]
+            + f"{CODE_OPEN}print({w!r}[::-1]){CODE_CLOSE}"
+            + wrap_observation(w[::-1] + "\n")
+            + f"{ANSWER_OPEN}{w[::-1]}{ANSWER_CLOSE}"
+        )
 
     def row_problem(self, task):
-        return None if isinstance(task.get("word"), str) and task["word"][::-1] == task["answer"] else "needs metadata word, reversed in answer"
+        return (
+            None
+            if isinstance(task.get("word"), str) and task["word"][::-1] == task["answer"]
+            else "needs metadata word, reversed in answer"
+        )
 
 
 register_family(Reverse())

@@ -33,7 +33,10 @@ def main() -> int:
     tracker = resources_for(cfg)["tracker"]
     tracker.client()
     if args.command == "promote":
-        from pipelines.registry import RegistryError, promote  # torch and transformers (the gate's module): only where needed
+        from pipelines.registry import (
+            RegistryError,
+            promote,
+        )  # torch and transformers (the gate's module): only where needed
     print("ready", flush=True)
     while not args.go.exists():
         time.sleep(0.005)
@@ -59,7 +62,11 @@ def main() -> int:
     folder, uri, run = args.args
     mlflow.set_experiment(tracker.experiment)
     with mlflow.start_run() as mlflow_run:  # each benchmark step registers from its own run
-        version = tracker.register_checkpoint(mlflow_run.info.run_id, Path(folder), {"stage": "rl", "round": "1", "checkpoint_uri": uri, "checkpoint_run": run})
+        version = tracker.register_checkpoint(
+            mlflow_run.info.run_id,
+            Path(folder),
+            {"stage": "rl", "round": "1", "checkpoint_uri": uri, "checkpoint_run": run},
+        )
     print(f"version {version.version}", flush=True)
     return 0
 

@@ -34,10 +34,15 @@ def main() -> None:
     while not args.go.exists():
         time.sleep(0.01)
     result = job.execute_in_process(instance=instance, partition_key=args.round, raise_on_error=False)
-    failures = [{"step": e.step_key, "class": e.step_failure_data.error.cls_name, "message": e.step_failure_data.error.message}
-                for e in result.all_events if e.is_step_failure]
+    failures = [
+        {"step": e.step_key, "class": e.step_failure_data.error.cls_name, "message": e.step_failure_data.error.message}
+        for e in result.all_events
+        if e.is_step_failure
+    ]
     retried = [e.step_key for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-    args.out.write_text(json.dumps({"success": result.success, "run_id": result.run_id, "failures": failures, "retried": retried}))
+    args.out.write_text(
+        json.dumps({"success": result.success, "run_id": result.run_id, "failures": failures, "retried": retried})
+    )
 
 
 if __name__ == "__main__":
