@@ -2,15 +2,14 @@
 
 This module holds the pure, Great-Expectations-free half of :mod:`assets.contracts`:
 
-* the per-contract column specs (``_Col`` / ``_SPECS``), the public column lists
+* the per-contract column specs (``_Col`` / ``SPECS``), the public column lists
   (``CONTRACTS`` / ``CONTRACT_COLUMNS``) and constants such as ``STOP_REASONS`` / ``SPLITS``;
 * the report types :class:`ContractFailure` / :class:`ContractReport`;
 * :func:`derive_columns`, which turns list-valued columns into the scalar columns GE validates.
 
 It is kept separate so that it can be imported (and unit-tested) with pandas/numpy only, without
 paying for -- or even having installed -- great_expectations or dagster. :mod:`assets.contracts`
-builds the GE expectation suites and the Dagster asset checks on top of it and re-exports its
-public names, so callers keep importing from :mod:`assets.contracts`.
+builds the GE expectation suites and the Dagster asset checks on top of it.
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ __all__ = [
 # Contract specifications
 # --------------------------------------------------------------------------------------------
 
-_FAMILIES = "<families>"  # placeholder for the caller-supplied family set
-_MAX_LEVEL = "<max_level>"  # placeholder for the caller-supplied max level
+FAMILIES_PLACEHOLDER = "<families>"  # placeholder for the caller-supplied family set
+MAX_LEVEL_PLACEHOLDER = "<max_level>"  # placeholder for the caller-supplied max level
 
 STOP_REASONS = ("answer", "eos", "max_turns", "max_tokens")
 SPLITS = ("train", "benchmark")
@@ -53,27 +52,27 @@ class _Col:
     name: str
     kind: str  # "str" | "int" | "bool" | "token_ids" | "tool_mask" | "logprobs"
     unique: bool = False
-    value_set: tuple[Any, ...] | str | None = None  # or _FAMILIES
+    value_set: tuple[Any, ...] | str | None = None  # or FAMILIES_PLACEHOLDER
     min_value: int | None = None
-    max_value: int | str | None = None  # or _MAX_LEVEL
+    max_value: int | str | None = None  # or MAX_LEVEL_PLACEHOLDER
     nonblank: bool = False
     json: bool = False
 
 
-_LIST_KINDS = ("token_ids", "tool_mask", "logprobs")
+LIST_KINDS = ("token_ids", "tool_mask", "logprobs")
 
 _COMMON_TRAJECTORY_HEAD = (
     _Col("trajectory_id", "str", unique=True, nonblank=True),
     _Col("task_id", "str", nonblank=True),
-    _Col("family", "str", value_set=_FAMILIES),
-    _Col("level", "int", min_value=1, max_value=_MAX_LEVEL),
+    _Col("family", "str", value_set=FAMILIES_PLACEHOLDER),
+    _Col("level", "int", min_value=1, max_value=MAX_LEVEL_PLACEHOLDER),
 )
 
-_SPECS: dict[str, tuple[_Col, ...]] = {
+SPECS: dict[str, tuple[_Col, ...]] = {
     "tasks": (
         _Col("task_id", "str", unique=True, nonblank=True),
-        _Col("family", "str", value_set=_FAMILIES),
-        _Col("level", "int", min_value=1, max_value=_MAX_LEVEL),
+        _Col("family", "str", value_set=FAMILIES_PLACEHOLDER),
+        _Col("level", "int", min_value=1, max_value=MAX_LEVEL_PLACEHOLDER),
         _Col("prompt", "str", nonblank=True),
         _Col("answer", "str"),
         _Col("split", "str", value_set=SPLITS),
@@ -105,8 +104,8 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
     ),
     "task_pool": (
         _Col("task_id", "str", unique=True, nonblank=True),
-        _Col("family", "str", value_set=_FAMILIES),
-        _Col("level", "int", min_value=1, max_value=_MAX_LEVEL),
+        _Col("family", "str", value_set=FAMILIES_PLACEHOLDER),
+        _Col("level", "int", min_value=1, max_value=MAX_LEVEL_PLACEHOLDER),
         _Col("attempts", "int", min_value=0),
         _Col("rounds", "int", min_value=0),
         _Col("last_round", "int", min_value=0),
@@ -131,17 +130,17 @@ _SPECS: dict[str, tuple[_Col, ...]] = {
 }
 
 # Contracts whose column set must match exactly (no extra columns allowed).
-_EXACT_COLUMNS = frozenset({"tasks", "knowledge_base"})
+EXACT_COLUMNS = frozenset({"tasks", "knowledge_base"})
 # Column combinations that must be unique together.
-_COMPOUND_UNIQUE: dict[str, tuple[tuple[str, ...], ...]] = {
+COMPOUND_UNIQUE: dict[str, tuple[tuple[str, ...], ...]] = {
     "rollout_batches": (("group_id", "sample_index"),),
 }
 
-CONTRACTS: tuple[str, ...] = tuple(_SPECS)
-CONTRACT_COLUMNS: Mapping[str, tuple[str, ...]] = {name: tuple(c.name for c in cols) for name, cols in _SPECS.items()}
+CONTRACTS: tuple[str, ...] = tuple(SPECS)
+CONTRACT_COLUMNS: Mapping[str, tuple[str, ...]] = {name: tuple(c.name for c in cols) for name, cols in SPECS.items()}
 
 # Explanations appended to failures on derived columns, so the report says what was meant.
-_DERIVED_NOTES = {
+DERIVED_NOTES = {
     "_len": "length of the list in '{src}' (null = not a list)",
     "_invalid": "number of entries of '{src}' that are not non-negative ints",
     "tool_mask_non_binary": "number of tool_mask entries not in {0, 1}",
@@ -153,7 +152,7 @@ _DERIVED_NOTES = {
 }
 
 
-def _unknown_contract(contract: str) -> ValueError:
+def unknown_contract(contract: str) -> ValueError:
     return ValueError(f"unknown contract {contract!r}; available contracts: {', '.join(CONTRACTS)}")
 
 
@@ -272,17 +271,17 @@ def derive_columns(contract: str, df: pd.DataFrame) -> pd.DataFrame:
     * ``logprobs_nonfinite``, ``logprob_max`` (over finite entries) and
       ``logprob_nonzero_on_tool`` (logprobs != 0.0 at positions where tool_mask == 0).
     """
-    if contract not in _SPECS:
-        raise _unknown_contract(contract)
+    if contract not in SPECS:
+        raise unknown_contract(contract)
     index = df.index
     out: dict[str, pd.Series] = {}
     lists: dict[str, list[list | None]] = {}
 
-    for col in _SPECS[contract]:
+    for col in SPECS[contract]:
         if col.name not in df.columns:
             continue
         series = df[col.name]
-        if col.kind not in _LIST_KINDS:
+        if col.kind not in LIST_KINDS:
             if _dtype_kind(series.dtype) != col.kind:  # the dtype alone does not prove the type
                 out[f"{col.name}__type"] = _type_names(series)
             continue

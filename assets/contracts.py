@@ -46,34 +46,24 @@ from dagster import (
     asset_check,
 )
 
-# The pure (GE-free) half: specs, report types, derived columns. Re-exported from here.
+# The pure (GE-free) half: specs, report types, derived columns.
 from assets.contract_specs import (
-    _COMPOUND_UNIQUE,
-    _DERIVED_NOTES,
-    _EXACT_COLUMNS,
-    _FAMILIES,
-    _LIST_KINDS,
-    _MAX_LEVEL,
-    _SPECS,
+    COMPOUND_UNIQUE,
     CONTRACT_COLUMNS,
-    CONTRACTS,
+    DERIVED_NOTES,
+    EXACT_COLUMNS,
+    FAMILIES_PLACEHOLDER,
+    LIST_KINDS,
+    MAX_LEVEL_PLACEHOLDER,
+    SPECS,
     SPLITS,
-    STOP_REASONS,  # noqa: F401  (re-exported, likewise)
     ContractFailure,
     ContractReport,
-    _unknown_contract,
     derive_columns,
+    unknown_contract,
 )
 
-__all__ = [
-    "CONTRACTS",
-    "CONTRACT_COLUMNS",
-    "ContractFailure",
-    "ContractReport",
-    "contract_check",
-    "derive_columns",
-    "validate_contract",
-]
+__all__ = ["contract_check", "validate_contract"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,11 +81,11 @@ def _build_expectations(
 ) -> list[Any]:
     import great_expectations.expectations as gxe
 
-    cols = _SPECS[contract]
+    cols = SPECS[contract]
     exps: list[Any] = [gxe.ExpectTableRowCountToBeBetween(min_value=1)]
     for col in cols:
         exps.append(gxe.ExpectColumnToExist(column=col.name))
-    if contract in _EXACT_COLUMNS:
+    if contract in EXACT_COLUMNS:
         exps.append(
             gxe.ExpectTableColumnsToMatchSet(column_set=sorted({c.name for c in cols} | derived), exact_match=True)
         )
@@ -104,7 +94,7 @@ def _build_expectations(
         if col.name not in present:
             continue
         name = col.name
-        if col.kind not in _LIST_KINDS:
+        if col.kind not in LIST_KINDS:
             exps.append(gxe.ExpectColumnValuesToNotBeNull(column=name))
             if f"{name}__type" in derived:
                 exps.append(gxe.ExpectColumnValuesToBeInSet(column=f"{name}__type", value_set=[col.kind]))
@@ -112,11 +102,15 @@ def _build_expectations(
                 exps.append(gxe.ExpectColumnValuesToBeUnique(column=name))
             if col.value_set is not None:
                 value_set = (
-                    families if col.value_set == _FAMILIES else splits if col.value_set == SPLITS else col.value_set
+                    families
+                    if col.value_set == FAMILIES_PLACEHOLDER
+                    else splits
+                    if col.value_set == SPLITS
+                    else col.value_set
                 )
                 exps.append(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(value_set)))
             if col.min_value is not None or col.max_value is not None:
-                max_value = max_level if col.max_value == _MAX_LEVEL else col.max_value
+                max_value = max_level if col.max_value == MAX_LEVEL_PLACEHOLDER else col.max_value
                 exps.append(
                     gxe.ExpectColumnValuesToBeBetween(column=name, min_value=col.min_value, max_value=max_value)
                 )
@@ -142,7 +136,7 @@ def _build_expectations(
 
     if "logprob_nonzero_on_tool" in derived:
         exps.append(gxe.ExpectColumnValuesToBeBetween(column="logprob_nonzero_on_tool", min_value=0, max_value=0))
-    for combo in _COMPOUND_UNIQUE.get(contract, ()):
+    for combo in COMPOUND_UNIQUE.get(contract, ()):
         if all(c in present for c in combo):
             exps.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(combo)))
     return exps
@@ -230,12 +224,12 @@ def _note_for(column: str | None) -> str | None:
             return "list length must equal the length of completion_ids"
         return None
     if column.endswith("__type"):
-        return _DERIVED_NOTES["__type"].format(src=column[: -len("__type")])
+        return DERIVED_NOTES["__type"].format(src=column[: -len("__type")])
     for suffix in ("_len", "_invalid"):
         src = column[: -len(suffix)]
         if column.endswith(suffix) and src in {"prompt_ids", "completion_ids", "tool_mask", "logprobs"}:
-            return _DERIVED_NOTES[suffix].format(src=src)
-    return _DERIVED_NOTES.get(column)
+            return DERIVED_NOTES[suffix].format(src=src)
+    return DERIVED_NOTES.get(column)
 
 
 def _details(res: Any, kwargs: Mapping[str, Any], column: str | None) -> str:
@@ -283,16 +277,16 @@ def _ge_frame(contract: str, df: pd.DataFrame, derived: pd.DataFrame) -> pd.Data
     ``expect_column_to_exist`` sees them) with a cheap placeholder (their length) as values.
     Extra columns only matter to contracts with an exact column set, and only by name.
     """
-    kinds = {c.name: c.kind for c in _SPECS[contract]}
+    kinds = {c.name: c.kind for c in SPECS[contract]}
     data: dict[str, Any] = {}
     for name in df.columns:
         if name in derived.columns:
             continue  # derived columns win over same-named input columns
         kind = kinds.get(name)
         if kind is None:
-            if contract in _EXACT_COLUMNS:
+            if contract in EXACT_COLUMNS:
                 data[name] = pd.Series(None, index=df.index, dtype=object)
-        elif kind in _LIST_KINDS:
+        elif kind in LIST_KINDS:
             data[name] = derived[f"{name}_len"]
         else:
             data[name] = df[name]
@@ -310,8 +304,8 @@ def validate_contract(
     splits: Iterable[str] = SPLITS,
 ) -> ContractReport:
     """Validate ``df`` against ``contract`` with Great Expectations and summarise the result."""
-    if contract not in _SPECS:
-        raise _unknown_contract(contract)
+    if contract not in SPECS:
+        raise unknown_contract(contract)
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"contract {contract!r} validates a pandas DataFrame, got {type(df).__name__}")
     families_t = tuple(sorted({str(f) for f in families}))
@@ -324,7 +318,7 @@ def validate_contract(
     derived_names = frozenset(derived.columns)
     splits_t = tuple(sorted(set(splits)))
     key = (contract, families_t, max_level, splits_t, present & set(CONTRACT_COLUMNS[contract]), derived_names)
-    if contract in _EXACT_COLUMNS:
+    if contract in EXACT_COLUMNS:
         key = (*key, present)  # the exact column-set expectation depends on every column
 
     with _LOCK:
@@ -392,8 +386,8 @@ def contract_check(
     resource's config has imported its own (environments/family.py), and the highest of their
     levels as ``max_level``; a family added by a module is then accepted without editing this.
     """
-    if contract not in _SPECS:
-        raise _unknown_contract(contract)
+    if contract not in SPECS:
+        raise unknown_contract(contract)
     families_t: tuple[str, ...] | None = (
         None if families is None else (families,) if isinstance(families, str) else tuple(families)
     )

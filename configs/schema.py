@@ -467,7 +467,7 @@ class RLConfig(_Strict):
 
 
 class VerifierSpec(_Strict):
-    """A registered verifier (`verifiers.base.VERIFIERS`) and its keyword parameters."""
+    """A registered verifier (`verifiers.base.VERIFIERS`, a configs.registry.Registry) and its keyword parameters."""
 
     name: str = Field(description="Registered name, e.g. math, numeric, exact_match, token_f1, unit_tests.")
     params: dict[str, Any] = Field(default_factory=dict)

@@ -8,20 +8,19 @@ import torch
 
 from training.rl_loop import trainer_gap
 from training.rollout import run_episodes
-from training.rollout_engines import Generation
+from training.rollout_engines import ContinuousEngine, Generation
 from training.scoring import episode_record
 from training.sequences import encode, encode_observation
 from verifiers.protocol import OBSERVATION_TAGS, first_stop
 
 
 class RecordingEngine:
-    """Passes calls through to a real engine (either schedule) and keeps every turn it served:
-    the exact sequence it was given and what it sampled."""
+    """Passes calls through to a real batch engine and keeps every turn it served: the exact
+    sequence it was given and what it sampled. `recording(engine)` picks this class or the
+    continuous one, so the agent loop runs the schedule the real engine would get."""
 
     def __init__(self, inner):
         self.inner, self.name, self.calls, self.turns = inner, inner.name, [], []
-        self.continuous = getattr(inner, "continuous", False)
-        self.submitted, self.in_flight = {}, set()
 
     def generate(self, sequences, budgets, **kwargs):
         out = self.inner.generate(sequences, budgets, **kwargs)
@@ -30,6 +29,20 @@ class RecordingEngine:
         )
         self.turns += [(list(s), Generation(list(g.ids), list(g.logprobs))) for s, g in zip(sequences, out)]
         return out
+
+    def sync_weights(self, model):
+        return self.inner.sync_weights(model)
+
+    def close(self):
+        pass
+
+
+class RecordingContinuousEngine(RecordingEngine):
+    """The same for a ContinuousEngine: the turns it served through submit / poll too."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.submitted, self.in_flight = {}, set()
 
     def submit(self, key, sequence, budget, **kwargs):
         self.submitted[key] = list(sequence)
@@ -48,11 +61,9 @@ class RecordingEngine:
     def end(self, key):
         self.inner.end(key)
 
-    def sync_weights(self, model):
-        return self.inner.sync_weights(model)
 
-    def close(self):
-        pass
+def recording(inner) -> RecordingEngine:
+    return RecordingContinuousEngine(inner) if isinstance(inner, ContinuousEngine) else RecordingEngine(inner)
 
 
 def check_token_exact(
@@ -67,7 +78,7 @@ def check_token_exact(
     from assets.io import FrameIOManager
 
     tok = policy.tokenizer
-    engine = RecordingEngine(inner_engine)
+    engine = recording(inner_engine)
     tasks = tasks if tasks is not None else [t for t in policy.tasks if t["family"] == family][:8]
     episodes = run_episodes(
         engine,

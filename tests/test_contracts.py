@@ -19,14 +19,8 @@ from dagster import (
     materialize,
 )
 
-from assets.contracts import (
-    CONTRACT_COLUMNS,
-    CONTRACTS,
-    ContractReport,
-    contract_check,
-    derive_columns,
-    validate_contract,
-)
+from assets.contract_specs import CONTRACT_COLUMNS, CONTRACTS, ContractReport, derive_columns
+from assets.contracts import contract_check, validate_contract
 
 # --------------------------------------------------------------------------------------------
 # Valid frames

@@ -5,11 +5,13 @@ import math
 import pytest
 import torch
 
+from configs.registry import Registry, UnknownNameError
+from environments.family import FAMILIES
+from training.algorithms import ALGORITHMS
 from training.rl_math import (
     ADVANTAGE_ESTIMATORS,
     AGG_MODES,
     POLICY_LOSSES,
-    Registry,
     agg_loss,
     agg_normalizers,
     entropy_from_logits,
@@ -22,6 +24,9 @@ from training.rl_math import (
     token_logprobs,
     value_loss,
 )
+from verifiers import cascade  # noqa: F401  (registers every verifier)
+from verifiers.base import get_verifier
+from verifiers.shaping import get_term
 
 R2 = 1 / math.sqrt(2)
 
@@ -345,6 +350,22 @@ def test_registry_unknown_name_lists_available(getter, expected):
         with pytest.raises(exc) as info:
             getter("nope")
         assert "'nope'" in str(info.value) and ", ".join(expected) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "getter, listed",
+    [
+        (get_verifier, ["exact_match", "numeric", "unit_tests"]),
+        (get_term, ["format", "overlong", "tool_cost"]),
+        (FAMILIES.get, ["arithmetic", "code", "search"]),
+        (ALGORITHMS.get, ["grpo", "ppo"]),
+    ],
+)
+def test_every_registry_raises_one_error_type_that_lists_its_names(getter, listed):
+    """Verifiers, shaping terms, task families and algorithms: one Registry, one error."""
+    with pytest.raises(UnknownNameError) as info:
+        getter("nope")
+    assert "'nope'" in str(info.value) and all(name in str(info.value) for name in listed)
 
 
 def test_registry_generic_behaviour():

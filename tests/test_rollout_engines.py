@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from environments.tools import ToolResult
-from tests.rollout_checks import RecordingEngine, check_token_exact
+from tests.rollout_checks import RecordingContinuousEngine, RecordingEngine, check_token_exact
 from training.rl_loop import trainer_gap
 from training.rl_math import logprob_mismatch, tis_weights
 from training.rollout import run_episodes
-from training.rollout_engines import Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
+from training.rollout_engines import ContinuousEngine, Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
 from training.scoring import episode_record
 
 FAMILIES = ("arithmetic", "search", "code")
@@ -249,7 +249,7 @@ def test_vllm_continuous_schedule_respects_the_batch_cap(warm_policy, micro_cfg,
     tasks = [t for family in FAMILIES for t in tasks_of(warm_policy, family, 3)]
     seen = []
 
-    class Counting(RecordingEngine):
+    class Counting(RecordingContinuousEngine):
         def submit(self, key, sequence, budget, **kwargs):
             super().submit(key, sequence, budget, **kwargs)
             seen.append(len(self.in_flight))  # turns in flight after this one
@@ -275,6 +275,10 @@ def test_vllm_continuous_schedule_respects_the_batch_cap(warm_policy, micro_cfg,
     assert max(seen) <= 4
     # seeds depend on the episode only, so who shared a step does not change what was sampled
     assert sum(a.completion_ids == b.completion_ids for a, b in zip(full, capped)) >= 0.9 * len(full)
+
+
+def test_the_vllm_engine_is_a_continuous_engine(vllm_engine):
+    assert isinstance(vllm_engine, ContinuousEngine)
 
 
 @pytest.mark.parametrize("sessions", [True, False])

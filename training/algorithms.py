@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from configs.registry import Registry
 from configs.schema import RLConfig
-from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, Registry
+from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
 __all__ = ["Algorithm", "ALGORITHMS", "resolve_algorithm"]
 

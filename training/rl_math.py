@@ -24,12 +24,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from configs.registry import Registry, UnknownNameError
+from configs.registry import Registry
 
 __all__ = [
     "LOG_RATIO_CLAMP",
-    "UnknownNameError",
-    "Registry",
     "ADVANTAGE_ESTIMATORS",
     "POLICY_LOSSES",
     "KL_ESTIMATORS",

@@ -30,7 +30,7 @@ from configs.schema import RolloutConfig
 from environments.family import tools_of
 from environments.tools import Tool, ToolResult
 from training.chat import prompt_ids
-from training.rollout_engines import Generation, RolloutEngine, Sampling
+from training.rollout_engines import ContinuousEngine, Generation, RolloutEngine, Sampling
 from training.sampling_keys import episode_seed, seeds_from, turn_seed
 from training.sequences import encode, encode_observation
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS, TURN_STOPS, first_stop
@@ -215,7 +215,7 @@ def run_episodes(
         for k in range(group_size)
     ]
     with split_cores(cfg.tool_cores, tools) as tool_cpus, tool_threads(cfg.tool_workers, "tools", tool_cpus) as pool:
-        if getattr(engine, "continuous", False):
+        if isinstance(engine, ContinuousEngine):
             loop.continuous(engine, episodes, pool, tool_cpus=tool_cpus)
         else:
             loop.turn_by_turn(engine, episodes, pool)
@@ -355,7 +355,12 @@ class _Loop:
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
     def continuous(
-        self, engine, episodes: list[Episode], pool: ThreadPoolExecutor, *, tool_cpus: set[int] | None = None
+        self,
+        engine: ContinuousEngine,
+        episodes: list[Episode],
+        pool: ThreadPoolExecutor,
+        *,
+        tool_cpus: set[int] | None = None,
     ) -> None:
         """Each turn is its own engine request (on vLLM, a chunk of the episode's session, so its
         KV cache stays put between turns). Turns that end on a tool call in the same engine step go

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import tempfile
 import time
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from configs.schema import RolloutConfig
+from training import vllm_internals
 from training.lora import merged
 from training.sampling_keys import inverse_cdf, seeds_from, uniforms
 
@@ -59,7 +57,10 @@ class Generation:
     logprobs: list[float]  # behaviour log-prob of each sampled id
 
 
+@runtime_checkable
 class RolloutEngine(Protocol):
+    """Continues a batch of token sequences, one call per turn of every active episode."""
+
     name: str
 
     def generate(
@@ -77,6 +78,31 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model) -> float: ...  # seconds taken
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ContinuousEngine(RolloutEngine, Protocol):
+    """A RolloutEngine that also takes turns one request at a time (continuous batching): the
+    agent loop submits an episode's turn as soon as its tool result is back and polls for the
+    turns that finished, so the engine's batch stays full (training/rollout.py, `continuous`)."""
+
+    def submit(
+        self,
+        key: str,
+        sequence: list[int],
+        budget: int,
+        *,
+        stop_ids: set[int],
+        sampling: Sampling,
+        seed: int,
+        stop_strings: tuple[str, ...] = (),
+    ) -> None: ...  # start or continue episode `key` on its whole id sequence so far
+
+    def poll(self) -> list[tuple[str, Generation]]: ...  # one engine step: the turns that finished in it
+
+    def end(self, key: str) -> None: ...  # the episode is over or abandoned: free what the engine holds
+
+    def busy(self) -> bool: ...  # turns in flight
 
 
 # --------------------------------------------------------------------------- sampling math
@@ -103,8 +129,7 @@ class HFEngine:
     weight sync is free (the tensors are shared), so after an update the next rollout already
     uses the new weights."""
 
-    name = "hf"
-    continuous = False  # one batched call per turn: the KV cache is per call
+    name = "hf"  # one batched call per turn (a RolloutEngine): the KV cache is per call
 
     def __init__(self, model, tokenizer=None):
         self.model = model
@@ -247,54 +272,13 @@ class HFEngine:
 
 
 # --------------------------------------------------------------------------- vLLM
-def _unscannable(value) -> bool:
-    try:
-        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-    except Exception:  # noqa: BLE001 - anything odd about the object counts as unscannable
-        return True
-
-
-@contextmanager
-def _without_unscannable_modules():
-    """vLLM 0.32's CPU platform rebinds its Triton kernels by scanning the globals of every loaded
-    module with `vars(value).get(...)`; llvmlite's ctypes wrappers (loaded through numba, which
-    bm25s imports for the search tool) have a `__dict__` without `.get`, and the scan crashes
-    ("'_lib_fn_wrapper' object has no attribute 'get'"). Such modules are out of sys.modules
-    only while the engine starts, and put back unchanged."""
-    with warnings.catch_warnings():  # touching deprecated module attributes warns; the scan only looks
-        warnings.simplefilter("ignore")
-        hidden = {
-            name: module
-            for name, module in list(sys.modules.items())
-            if isinstance(getattr(module, "__dict__", None), dict)
-            and any(_unscannable(v) for v in list(vars(module).values()))
-        }
-    for name in hidden:
-        del sys.modules[name]
-    try:
-        yield
-    finally:
-        sys.modules.update(hidden)
-
-
-def _reload_from_folder(worker, folder: str) -> None:
-    """Runs inside each vLLM worker: the folder's tensors through the same in-place reload as the
-    in-memory path."""
-    from safetensors.torch import load_file
-
-    weights: dict = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        weights.update(load_file(file))
-    worker.reload_weights(weights_iterator=iter(weights.items()))
-
-
 def _vllm_environment() -> None:
     """vLLM's engine core in this process (no spawned engine process): the trainer's weights can
     then be loaded into it directly, and Dagster's step process owns no stray children."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault(
         "VLLM_ALLOW_INSECURE_SERIALIZATION", "1"
-    )  # tensor-parallel workers get `_reload_from_folder` pickled
+    )  # tensor-parallel workers get `vllm_internals.reload_from_folder` pickled
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
@@ -330,8 +314,7 @@ class VLLMEngine:
     token ids; each request gets its own seed, the turn's keyed seed (training/sampling_keys.py), so
     a rollout is reproducible and a resumed round samples what the uninterrupted one did."""
 
-    name = "vllm"
-    continuous = True  # supports submit / poll: the agent loop keeps its batch full
+    name = "vllm"  # a ContinuousEngine: the agent loop keeps its batch full with submit / poll
 
     def __init__(self, model_dir: str | Path, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32"):
         _vllm_environment()
@@ -340,7 +323,8 @@ class VLLMEngine:
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         max_len = cfg.max_total_tokens + cfg.max_observation_tokens + cfg.max_new_tokens_per_turn
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in this process
-        with _without_unscannable_modules():
+        vllm_internals.check_version()
+        with vllm_internals.hidden_unscannable_modules():
             from vllm import LLM  # imported here: only this engine needs it, and it is slow to import
 
             self.llm = LLM(
@@ -501,21 +485,7 @@ class VLLMEngine:
         self._running[key] = self._sampled.get(key, 0)
 
     def _add_session_chunk(self, key: str, ids: list[int], params) -> None:
-        # What LLMEngine.add_request does, plus `resumable` (only AsyncLLM exposes streaming input)
-        # and the request id kept stable so each chunk continues the same session. The engine core
-        # gets its own copy of the id list: in-process, both sides would otherwise extend one list.
-        from vllm.inputs.engine import tokens_input
-
-        engine = self.llm.llm_engine
-        # an already-rendered token input: vLLM's raw-prompt path would parse and render it again
-        request = engine.input_processor.process_inputs(
-            key, tokens_input(ids), params, supported_tasks=engine.get_supported_tasks(), resumable=True
-        )
-        request.external_req_id = key
-        engine.output_processor.add_request(request, None, None, 0)
-        core = copy.copy(request)
-        core.prompt_token_ids = list(ids)
-        engine.engine_core.add_request(core)
+        vllm_internals.add_session_chunk(self.llm, key, ids, params)
 
     def end(self, key: str) -> None:
         """The episode is over, or abandoned: free what the engine holds for it (the KV cache of its
@@ -550,13 +520,7 @@ class VLLMEngine:
         """Called every STALLED_STEPS steps without a finished turn. Every scheduled request samples a
         token per step, so no new token since the last check means none can be scheduled: the KV
         cache is held by sessions waiting on their tools."""
-        processor = self.llm.llm_engine.output_processor
-        sampled = sum(
-            processor.request_states[i].detokenizer.num_output_tokens()
-            for key in self._running
-            for i in processor.external_req_ids.get(key, ())
-            if i in processor.request_states
-        )
+        sampled = vllm_internals.tokens_sampled(self.llm, self._running)
         if sampled == self._progress_mark:
             raise RuntimeError(
                 f"vLLM made no progress in {STALLED_STEPS} steps with {len(self._running)} turns in flight and {len(self._sessions)} "
@@ -594,7 +558,7 @@ class VLLMEngine:
                     {name: t.detach().contiguous().clone() for name, t in model.state_dict().items()},
                     f"{folder}/weights.safetensors",
                 )
-                self.llm.collective_rpc(_reload_from_folder, args=(folder,))
+                self.llm.collective_rpc(vllm_internals.reload_from_folder, args=(folder,))
         self.llm.reset_prefix_cache()
         return time.perf_counter() - start
 

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from configs.registry import Registry
+
 Task = Mapping[str, Any]
 
 
@@ -43,7 +45,7 @@ class RegisteredVerifier:
     task_check: Callable[..., str | None] | None
 
 
-VERIFIERS: dict[str, RegisteredVerifier] = {}
+VERIFIERS = Registry("verifier")  # name -> RegisteredVerifier
 
 
 def register(
@@ -57,19 +59,15 @@ def register(
     (the candidate, or the task's gold, cannot be checked) or None."""
 
     def decorate(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
-        if name in VERIFIERS:
-            raise ValueError(f"verifier {name!r} is already registered")
-        VERIFIERS[name] = RegisteredVerifier(name, fn, needs_sandbox, precheck, task_check)
+        VERIFIERS.add(name, RegisteredVerifier(name, fn, needs_sandbox, precheck, task_check))
         return fn
 
     return decorate
 
 
 def get_verifier(name: str) -> RegisteredVerifier:
-    try:
-        return VERIFIERS[name]
-    except KeyError:
-        raise KeyError(f"unknown verifier {name!r}; registered: {sorted(VERIFIERS)}") from None
+    """Raises UnknownNameError (a KeyError and a ValueError) naming the registered verifiers."""
+    return VERIFIERS.get(name)
 
 
 def run_verifier(name: str, prediction: str, task: Task, params: Mapping[str, Any], sandbox=None) -> Verdict:

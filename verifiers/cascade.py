@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from configs.failpoints import failpoint
+from configs.registry import UnknownNameError
 from configs.schema import RewardConfig, VerifierSpec
 from verifiers import code_tests, math_verify, qa  # noqa: F401  (register the verifiers)
 from verifiers.base import Task, Verdict, get_verifier, run_precheck, run_task_check, run_verifier
@@ -68,12 +69,12 @@ class Cascade:
             for family, spec in specs.items():
                 try:
                     get_verifier(spec.name)
-                except KeyError as exc:
+                except UnknownNameError as exc:
                     raise ValueError(f"{where}.{family}.name: {exc.args[0]}") from None
         for name in cfg.terms:
             try:
                 get_term(name)
-            except KeyError as exc:
+            except UnknownNameError as exc:
                 raise ValueError(f"reward.terms.{name}: {exc.args[0]}") from None
         self.stats = {tier: TierStats() for tier in TIERS}
         self.disagreements = 0

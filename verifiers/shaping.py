@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from configs.registry import Registry
 from verifiers.protocol import TOOL_TAGS, is_well_formed, parse_tool_calls
 
 
@@ -33,24 +34,13 @@ class Candidate:
 
 
 ShapingFn = Callable[..., float]
-SHAPING_TERMS: dict[str, ShapingFn] = {}
-
-
-def register_term(name: str):
-    def decorate(fn: ShapingFn) -> ShapingFn:
-        if name in SHAPING_TERMS:
-            raise ValueError(f"shaping term {name!r} is already registered")
-        SHAPING_TERMS[name] = fn
-        return fn
-
-    return decorate
+SHAPING_TERMS = Registry("shaping term")
+register_term = SHAPING_TERMS.register
 
 
 def get_term(name: str) -> ShapingFn:
-    try:
-        return SHAPING_TERMS[name]
-    except KeyError:
-        raise KeyError(f"unknown shaping term {name!r}; registered: {sorted(SHAPING_TERMS)}") from None
+    """Raises UnknownNameError (a KeyError and a ValueError) naming the registered terms."""
+    return SHAPING_TERMS.get(name)
 
 
 def contribution(raw: float, weight: float, cap: float) -> float:
