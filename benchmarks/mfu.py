@@ -151,7 +151,7 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
     algo = resolve_algorithm(rl)
     engine = build_engine(model, cfg.engine, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)
     loss_fn = policy_loss_fn(
-        engine, algo, temperature=cfg.rollout.temperature, pad_id=0, max_tokens=cfg.rollout.max_total_tokens
+        engine, algo, temperature=cfg.rollout.temperature, pad_id=0, loss_norm_tokens=cfg.rollout.max_total_tokens
     )
     prep, update = [], []
     for _ in range(steps + 1):
@@ -160,13 +160,12 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
             records,
             scores,
             algo,
-            rl,
             policy=engine.model,
             reference=reference,
             critic=None,
             temperature=cfg.rollout.temperature,
             pad_id=0,
-            max_tokens=cfg.engine.micro_batch_tokens,
+            micro_batch_tokens=cfg.engine.micro_batch_tokens,
         )
         mid = time.perf_counter()
         run_update(
@@ -175,7 +174,7 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
             loss_fn,
             minibatches=rl.minibatches,
             micro_batch_size=cfg.engine.micro_batch_size,
-            max_tokens=cfg.engine.micro_batch_tokens,
+            micro_batch_tokens=cfg.engine.micro_batch_tokens,
             generator=torch.Generator().manual_seed(0),
             prefix="actor",
         )

@@ -113,7 +113,7 @@ def rl_update_s(cfg, policy, reference, tok, batches, budget: int | None) -> flo
         policy, cfg.engine, lr=1e-12, betas=(0.9, 0.99), grad_clip=1.0
     )  # ~0: every budget sees the same weights
     loss_fn = policy_loss_fn(
-        engine, algo, temperature=1.0, pad_id=tok.eos_token_id, max_tokens=cfg.rollout.max_total_tokens
+        engine, algo, temperature=1.0, pad_id=tok.eos_token_id, loss_norm_tokens=cfg.rollout.max_total_tokens
     )
     start = time.perf_counter()
     for records, scores in batches:
@@ -121,13 +121,12 @@ def rl_update_s(cfg, policy, reference, tok, batches, budget: int | None) -> flo
             records,
             scores,
             algo,
-            rl,
             policy=engine.model,
             reference=reference,
             critic=None,
             temperature=1.0,
             pad_id=tok.eos_token_id,
-            max_tokens=budget,
+            micro_batch_tokens=budget,
         )
         run_update(
             engine,
@@ -137,7 +136,7 @@ def rl_update_s(cfg, policy, reference, tok, batches, budget: int | None) -> flo
             micro_batch_size=None,
             generator=torch.Generator().manual_seed(0),
             prefix="actor",
-            max_tokens=budget,
+            micro_batch_tokens=budget,
         )
     return (time.perf_counter() - start) / len(batches)
 

@@ -12,8 +12,8 @@ from configs.schema import RewardConfig, RLConfig
 from environments.tools import CodeInterpreter, toolbox
 from training.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
 from training.model import build_model
+from training.rl_batch import Sample
 from training.rl_loop import (
-    Sample,
     _first_spread_groups,
     informative_groups,
     on_policy_metrics,
@@ -146,7 +146,7 @@ def test_the_bounds_flow_from_the_config_to_the_loss(monkeypatch, algorithm, bou
         RLConfig(algorithm=algorithm, kl_coef=0.5, kl_estimator="k3", kl_placement="loss", **bounds)
     )
     loss_fn = policy_loss_fn(
-        SimpleNamespace(module=None, device=torch.device("cpu")), algo, temperature=1.0, pad_id=0, max_tokens=8
+        SimpleNamespace(module=None, device=torch.device("cpu")), algo, temperature=1.0, pad_id=0, loss_norm_tokens=8
     )
     loss, out = loss_fn([sample], torch.tensor([3.0, 1.0]))
     assert out["loss/policy"] == pytest.approx(policy, rel=1e-5) and out["loss/kl"] == pytest.approx(kl, rel=1e-5)
@@ -257,7 +257,6 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
         records,
         scores,
         resolve_algorithm(rl),
-        rl,
         policy=policy,
         reference=reference,
         critic=None,
@@ -275,7 +274,7 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
     expected = get_advantage_estimator("rloo")(
         torch.tensor(adjusted), torch.tensor([i // 4 for i in range(len(records))])
     )
-    torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples]), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.stack([s.advantages[0] for s in samples]), expected, atol=1e-4, rtol=1e-4)
     assert metrics["actor/kl_ref"] > 0
     # in the loss instead: the advantages are the plain outcome ones
     rl_loss = RLConfig(algorithm="rloo", kl_coef=0.5, kl_placement="loss", drop_zero_variance_groups=False)
@@ -283,7 +282,6 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
         records,
         scores,
         resolve_algorithm(rl_loss),
-        rl_loss,
         policy=policy,
         reference=reference,
         critic=None,
@@ -293,8 +291,8 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
     plain = get_advantage_estimator("rloo")(
         torch.tensor([s["reward"] for s in scores]), torch.tensor([i // 4 for i in range(len(records))])
     )
-    torch.testing.assert_close(torch.tensor([s.advantages[0] for s in samples_loss]), plain)
-    assert samples_loss[0].ref_logprobs == pytest.approx(ref[0])
+    torch.testing.assert_close(torch.stack([s.advantages[0] for s in samples_loss]), plain)
+    assert samples_loss[0].ref_logprobs.tolist() == pytest.approx(ref[0])
 
 
 def test_without_dynamic_sampling_the_outcome_filter_drops_constant_outcome_groups(rollout_batch):
@@ -307,7 +305,6 @@ def test_without_dynamic_sampling_the_outcome_filter_drops_constant_outcome_grou
         records,
         scores,
         resolve_algorithm(rl),
-        rl,
         policy=policy,
         reference=None,
         critic=None,
@@ -320,7 +317,6 @@ def test_without_dynamic_sampling_the_outcome_filter_drops_constant_outcome_grou
         records,
         scores,
         resolve_algorithm(RLConfig(algorithm="grpo", kl_coef=0.0)),
-        RLConfig(algorithm="grpo", kl_coef=0.0),
         policy=policy,
         reference=None,
         critic=None,
@@ -342,22 +338,19 @@ def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micr
     reference = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=5).requires_grad_(False)
     rl = RLConfig(algorithm="grpo", minibatches=1, drop_zero_variance_groups=False)
     algo = resolve_algorithm(rl)
-    assert reuses_update_logprobs(algo, rl)
+    assert reuses_update_logprobs(algo)
     assert not reuses_update_logprobs(
-        algo, rl.model_copy(update={"minibatches": 2})
+        resolve_algorithm(rl.model_copy(update={"minibatches": 2}))
     )  # the second minibatch is off-policy
-    assert not reuses_update_logprobs(algo, rl.model_copy(update={"tis_cap": 2.0}))
-    assert not reuses_update_logprobs(
-        resolve_algorithm(RLConfig(algorithm="rloo")), RLConfig(algorithm="rloo", minibatches=1)
-    )  # KL in the reward
+    assert not reuses_update_logprobs(resolve_algorithm(rl.model_copy(update={"tis_cap": 2.0})))
+    assert not reuses_update_logprobs(resolve_algorithm(RLConfig(algorithm="rloo", minibatches=1)))  # KL in the reward
     runs = {}
     for name, cfg in (("reuse", rl), ("recompute", rl.model_copy(update={"minibatches": 2}))):
         model = copy.deepcopy(policy)
         samples, metrics = prepare_samples(
             records,
             scores,
-            algo,
-            cfg,
+            resolve_algorithm(cfg),
             policy=model,
             reference=reference,
             critic=None,
@@ -369,7 +362,7 @@ def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micr
         update = run_update(
             engine,
             samples,
-            policy_loss_fn(engine, algo, temperature=1.0, pad_id=tok.eos_token_id, max_tokens=256, stats=stats),
+            policy_loss_fn(engine, algo, temperature=1.0, pad_id=tok.eos_token_id, loss_norm_tokens=256, stats=stats),
             minibatches=1,
             micro_batch_size=None,
             generator=torch.Generator().manual_seed(0),
@@ -399,7 +392,6 @@ def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):
         records,
         scores,
         resolve_algorithm(rl),
-        rl,
         policy=policy,
         reference=None,
         critic=critic_from_policy(policy),
@@ -409,11 +401,11 @@ def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):
     assert metrics["critic/values_mean"] == 0.0  # zero-initialized head
     for s in samples:
         assert len(s.advantages) == len(s.record["tool_mask"]) == len(s.returns)
-        assert all(a == 0.0 for a, m in zip(s.advantages, s.record["tool_mask"]) if not m)
+        assert all(a == 0.0 for a, m in zip(s.advantages.tolist(), s.record["tool_mask"]) if not m)
     # with V = 0, gamma = 1: the return at every policy token is the outcome (no KL)
     s = samples[0]
     outcome = next(sc["reward"] for sc in scores if sc["trajectory_id"] == s.record["trajectory_id"])
-    assert [rt for rt, m in zip(s.returns, s.record["tool_mask"]) if m][-1] == pytest.approx(outcome)
+    assert [rt for rt, m in zip(s.returns.tolist(), s.record["tool_mask"]) if m][-1] == pytest.approx(outcome)
 
 
 # ----------------------------------------------------------------------------- a real round each

@@ -23,8 +23,12 @@ def _table_row(package: str) -> str:
 def test_the_package_table_names_exactly_the_modules_of_each_package(package):
     named = set(re.findall(r"`([a-z0-9_]+\.py)`", _table_row(package)))
     on_disk = {p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
-    assert not on_disk - named, f"docs/architecture.md: {package}/ modules missing from its row: {sorted(on_disk - named)}"
-    assert not named - on_disk, f"docs/architecture.md: {package}/ row names modules that do not exist: {sorted(named - on_disk)}"
+    assert not on_disk - named, (
+        f"docs/architecture.md: {package}/ modules missing from its row: {sorted(on_disk - named)}"
+    )
+    assert not named - on_disk, (
+        f"docs/architecture.md: {package}/ row names modules that do not exist: {sorted(named - on_disk)}"
+    )
 
 
 def _defines(path: Path, name: str) -> bool:
@@ -40,13 +44,17 @@ def test_every_path_and_name_the_doc_cites_exists():
             missing.append(path)
         elif name and not _defines(file, name):
             missing.append(f"{path}::{name}")
-    for module, name in re.findall(r"`((?:%s)(?:\.[a-z_]+)+)(?:::([A-Za-z_][A-Za-z0-9_]*))?`" % "|".join(PACKAGES), DOC):
+    for module, name in re.findall(
+        r"`((?:%s)(?:\.[a-z_]+)+)(?:::([A-Za-z_][A-Za-z0-9_]*))?`" % "|".join(PACKAGES), DOC
+    ):
         file = ROOT / (module.replace(".", "/") + ".py")
         package = ROOT / module.replace(".", "/")
         if not file.exists() and not package.is_dir():
             # `pkg.module.attr`: the longest prefix that is a module must define the rest
             parts = module.split(".")
-            owner = next((i for i in range(len(parts) - 1, 0, -1) if (ROOT / ("/".join(parts[:i]) + ".py")).exists()), None)
+            owner = next(
+                (i for i in range(len(parts) - 1, 0, -1) if (ROOT / ("/".join(parts[:i]) + ".py")).exists()), None
+            )
             if owner is None or not _defines(ROOT / ("/".join(parts[:owner]) + ".py"), parts[owner]):
                 missing.append(module)
         elif name and file.exists() and not _defines(file, name):

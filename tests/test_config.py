@@ -54,7 +54,13 @@ def test_config_choices_match_the_registries():
 
     from configs.schema import RLConfig
     from training.algorithms import ALGORITHMS
-    from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from training.rl_math import (
+        ADVANTAGE_ESTIMATORS,
+        AGG_MODES,
+        KL_ESTIMATORS,
+        POLICY_LOSSES,
+        TOKEN_ADVANTAGE_ESTIMATORS,
+    )
 
     def choices(name: str) -> set[str]:  # Literal[...] | None -> the Literal's strings
         return {
@@ -65,9 +71,9 @@ def test_config_choices_match_the_registries():
         }
 
     assert choices("algorithm") == set(ALGORITHMS.names())
-    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | {
-        "gae"
-    }  # gae: token-level, needs the critic
+    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | set(
+        TOKEN_ADVANTAGE_ESTIMATORS.names()
+    )  # gae: token-level, needs the critic
     assert choices("policy_loss") == set(POLICY_LOSSES.names())
     assert choices("loss_agg_mode") == set(AGG_MODES.names())
     assert choices("kl_estimator") == set(KL_ESTIMATORS.names())

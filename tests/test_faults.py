@@ -800,7 +800,6 @@ def test_an_unscorable_trajectory_moves_no_advantage_its_whole_group_leaves_the_
         records,
         scores,
         resolve_algorithm(rl),
-        rl,
         policy=policy,
         reference=None,
         critic=None,

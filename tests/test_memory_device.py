@@ -409,11 +409,11 @@ def test_every_pass_runs_on_the_device_of_its_model(monkeypatch, tokenizer_and_t
         finally:
             update_device.pop()
 
-    real_critic, real_padded, real_run_update = rl_loop.critic_from_policy, rl_loop._padded, rl_loop.run_update
+    real_critic, real_padded, real_run_update = rl_loop.critic_from_policy, rl_loop.padded, rl_loop.run_update
     for module in (rl_loop, sft):
         monkeypatch.setattr(module, "to_device", spy_to_device)
     monkeypatch.setattr(rl_loop, "critic_from_policy", spy_critic)
-    monkeypatch.setattr(rl_loop, "_padded", spy_padded)
+    monkeypatch.setattr(rl_loop, "padded", spy_padded)
     monkeypatch.setattr(rl_loop, "run_update", spy_run_update)
     for model in (policy, reference):
         model.register_forward_pre_hook(check_trainer_pass, with_kwargs=True)

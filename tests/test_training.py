@@ -7,7 +7,8 @@ from environments.tools import CodeInterpreter, toolbox
 from training.algorithms import resolve_algorithm
 from training.engines import build_engine
 from training.model import build_model
-from training.rl_loop import Sample, informative_groups, policy_loss_fn, run_update, train_round
+from training.rl_batch import Sample
+from training.rl_loop import informative_groups, policy_loss_fn, run_update, train_round
 from training.rl_math import get_advantage_estimator, token_logprobs
 from training.rollout import run_episodes
 from training.rollout_engines import HFEngine
@@ -115,7 +116,7 @@ def test_policy_update_moves_toward_positive_advantage(tokenizer_and_tasks, micr
     metrics = run_update(
         engine,
         samples,
-        policy_loss_fn(engine, resolve_algorithm(rl), temperature=1.0, pad_id=tok.eos_token_id, max_tokens=160),
+        policy_loss_fn(engine, resolve_algorithm(rl), temperature=1.0, pad_id=tok.eos_token_id, loss_norm_tokens=160),
         minibatches=1,
         micro_batch_size=None,
         generator=torch.Generator().manual_seed(0),

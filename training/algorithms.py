@@ -12,18 +12,22 @@ verl's example configs; where they differ, the comment says which one we follow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from configs.registry import Registry
 from configs.schema import RLConfig
-from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_ADVANTAGE_ESTIMATORS
 
 __all__ = ["Algorithm", "ALGORITHMS", "resolve_algorithm"]
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    advantage_estimator: str  # name in rl_math.ADVANTAGE_ESTIMATORS, or "gae" (token-level, needs the critic)
+    """Everything an RL step reads about how to turn rewards into a loss, resolved once from the
+    config (`resolve_algorithm`): the preset's choices, the user's overrides, and the step-level
+    settings of `rl` that shape the batch and the update."""
+
+    advantage_estimator: str  # rl_math.ADVANTAGE_ESTIMATORS (sequence level) or TOKEN_ADVANTAGE_ESTIMATORS (critic)
     policy_loss: str  # rl_math.POLICY_LOSSES
     loss_agg_mode: str  # rl_math.AGG_MODES
     clip_low: float
@@ -32,11 +36,19 @@ class Algorithm:
     kl_estimator: str  # rl_math.KL_ESTIMATORS
     kl_placement: str  # "loss" (GRPO) or "reward" (PPO / REINFORCE++: -beta * KL per token in the reward)
     dynamic_sampling: bool  # DAPO: refill the batch with informative groups
-    critic: bool = False  # PPO: a value model trained alongside, GAE advantages
-    # Numerical bounds (issue 21): not part of any preset, always rl.*'s values (None: off). See rl_math.
+    critic: bool = False  # a value model trained alongside: set when the estimator is token level (GAE)
+    # Not part of any preset: always rl.*'s values (None: off).
+    # Numerical bounds (issue 21; see rl_math).
     k3_clamp: float | None = 10.0  # per-token k3 KL estimate <= this (verl's low_var_kl clamp)
     clip_ratio_c: float | None = 3.0  # dual-clip: for A < 0 the per-token loss <= -A * this (verl)
     seq_log_ratio_max: float = 10.0  # GSPO's sequence log-ratio <= this (verl)
+    # The batch and the update.
+    drop_zero_variance_groups: bool = True  # rows whose advantage is 0 everywhere leave the update
+    group_filter: str = "reward"  # what must vary within a group for it to train: "reward" or "outcome"
+    tis_cap: float | None = None  # truncated importance weights on the engine/trainer mismatch
+    minibatches: int = 2  # optimizer steps per batch
+    gamma: float = 1.0  # GAE discount (token-level estimators)
+    lam: float = 0.95  # GAE lambda
 
     @property
     def needs_reference(self) -> bool:
@@ -46,46 +58,139 @@ class Algorithm:
 ALGORITHMS = Registry("RL algorithm")
 
 
-def _preset(name: str, algorithm: Algorithm) -> None:
+def _preset(name: str, **choices) -> None:
+    algorithm = Algorithm(**choices)
     ALGORITHMS.register(name)(lambda: algorithm)
 
+
+# The PPO clip range of every preset but GSPO's.
+_CLIP = dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.2)
 
 # GRPO (Shao et al. 2024): group-normalized outcome advantage, PPO clip, K3 KL in the loss. Token-level
 # aggregation as in verl's and TRL's defaults (the paper's per-sequence mean down-weights long
 # multi-turn trajectories).
-_preset("grpo", Algorithm("grpo", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k3", "loss", False))
-# Dr.GRPO (Liu et al. 2025): no std normalization, token sums over a constant budget (no length bias).
-_preset("dr_grpo", Algorithm("dr_grpo", "ppo_clip", "seq_mean_token_sum_norm", 0.2, 0.2, 0.01, "k3", "loss", False))
-# RLOO (Ahmadian et al. 2024): leave-one-out baseline; KL in the reward as in the paper.
-_preset("rloo", Algorithm("rloo", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False))
-# REINFORCE++ (Hu 2025): batch-whitened return, k1 KL in the reward (OpenRLHF's default), PPO clip.
-_preset("reinforce_pp", Algorithm("reinforce_pp", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False))
 _preset(
-    "reinforce_pp_baseline",
-    Algorithm("reinforce_pp_baseline", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False),
+    "grpo",
+    advantage_estimator="grpo",
+    **_CLIP,
+    loss_agg_mode="token_mean",
+    kl_coef=0.01,
+    kl_estimator="k3",
+    kl_placement="loss",
+    dynamic_sampling=False,
 )
+# Dr.GRPO (Liu et al. 2025): no std normalization, token sums over a constant budget (no length bias).
+_preset(
+    "dr_grpo",
+    advantage_estimator="dr_grpo",
+    **_CLIP,
+    loss_agg_mode="seq_mean_token_sum_norm",
+    kl_coef=0.01,
+    kl_estimator="k3",
+    kl_placement="loss",
+    dynamic_sampling=False,
+)
+# RLOO (Ahmadian et al. 2024): leave-one-out baseline; KL in the reward as in the paper.
+_preset(
+    "rloo",
+    advantage_estimator="rloo",
+    **_CLIP,
+    loss_agg_mode="token_mean",
+    kl_coef=0.01,
+    kl_estimator="k1",
+    kl_placement="reward",
+    dynamic_sampling=False,
+)
+# REINFORCE++ (Hu 2025): batch-whitened return, k1 KL in the reward (OpenRLHF's default), PPO clip.
+for _name in ("reinforce_pp", "reinforce_pp_baseline"):
+    _preset(
+        _name,
+        advantage_estimator=_name,
+        **_CLIP,
+        loss_agg_mode="token_mean",
+        kl_coef=0.01,
+        kl_estimator="k1",
+        kl_placement="reward",
+        dynamic_sampling=False,
+    )
 # DAPO (Yu et al. 2025): clip-higher 0.28, token-level loss, dynamic sampling, overlong shaping
 # (our reward's `overlong` term), and no KL term at all.
-_preset("dapo", Algorithm("grpo", "ppo_clip", "token_mean", 0.2, 0.28, 0.0, "k3", "loss", True))
+_preset(
+    "dapo",
+    advantage_estimator="grpo",
+    policy_loss="ppo_clip",
+    clip_low=0.2,
+    clip_high=0.28,
+    loss_agg_mode="token_mean",
+    kl_coef=0.0,
+    kl_estimator="k3",
+    kl_placement="loss",
+    dynamic_sampling=True,
+)
 # GSPO (Zheng et al. 2025): sequence-level length-normalized ratio, sequence clipping. The paper's
 # ranges are 3e-4 / 4e-4 for its model sizes; our tiny models move further per step (ratios are
 # measured in docs/algorithms.md), so a wider band keeps most sequences unclipped.
-_preset("gspo", Algorithm("grpo", "gspo", "seq_mean_token_mean", 0.003, 0.004, 0.0, "k3", "loss", False))
+_preset(
+    "gspo",
+    advantage_estimator="grpo",
+    policy_loss="gspo",
+    clip_low=0.003,
+    clip_high=0.004,
+    loss_agg_mode="seq_mean_token_mean",
+    kl_coef=0.0,
+    kl_estimator="k3",
+    kl_placement="loss",
+    dynamic_sampling=False,
+)
 # PPO (Schulman et al. 2017; InstructGPT / verl recipe): critic + GAE, k1 KL in the reward.
-_preset("ppo", Algorithm("gae", "ppo_clip", "token_mean", 0.2, 0.2, 0.01, "k1", "reward", False, critic=True))
+_preset(
+    "ppo",
+    advantage_estimator="gae",
+    **_CLIP,
+    loss_agg_mode="token_mean",
+    kl_coef=0.01,
+    kl_estimator="k1",
+    kl_placement="reward",
+    dynamic_sampling=False,
+)
 
-_BOUNDS = ("k3_clamp", "clip_ratio_c", "seq_log_ratio_max")  # None means "off" here, not "the preset's value"
-_OVERRIDABLE = [f.name for f in fields(Algorithm) if f.name != "critic" and f.name not in _BOUNDS]
+_PRESET_FIELDS = (
+    "advantage_estimator",
+    "policy_loss",
+    "loss_agg_mode",
+    "clip_low",
+    "clip_high",
+    "kl_coef",
+    "kl_estimator",
+    "kl_placement",
+    "dynamic_sampling",
+)
+# Taken from rl.* as they are (None means "off" for the bounds, not "the preset's value").
+_FROM_RL = (
+    "k3_clamp",
+    "clip_ratio_c",
+    "seq_log_ratio_max",
+    "drop_zero_variance_groups",
+    "group_filter",
+    "tis_cap",
+    "minibatches",
+)
 
 
 def resolve_algorithm(rl: RLConfig) -> Algorithm:
     """The preset named by `rl.algorithm` with every explicitly set RLConfig field applied on top,
-    and the numerical bounds taken from RLConfig as they are."""
+    and the step-level settings (bounds, filters, GAE's gamma and lambda) taken from RLConfig."""
     preset = ALGORITHMS.get(rl.algorithm)()
-    overrides = {name: getattr(rl, name) for name in _OVERRIDABLE if getattr(rl, name) is not None}
-    algorithm = replace(preset, **overrides, **{name: getattr(rl, name) for name in _BOUNDS})
-    # The critic follows the advantage estimator: GAE needs values, nothing else uses them.
-    algorithm = replace(algorithm, critic=algorithm.advantage_estimator == "gae")
+    overrides = {name: getattr(rl, name) for name in _PRESET_FIELDS if getattr(rl, name) is not None}
+    algorithm = replace(
+        preset,
+        **overrides,
+        **{name: getattr(rl, name) for name in _FROM_RL},
+        gamma=rl.ppo.gamma,
+        lam=rl.ppo.lam,
+    )
+    # The critic follows the advantage estimator: a token-level estimator needs values, nothing else uses them.
+    algorithm = replace(algorithm, critic=algorithm.advantage_estimator in TOKEN_ADVANTAGE_ESTIMATORS)
     _check(algorithm, rl.algorithm)
     return algorithm
 
@@ -101,7 +206,11 @@ def _check(algorithm: Algorithm, name: str) -> None:
             raise ValueError(
                 f"rl.{field_name}={value!r} (algorithm {name!r}) is not registered; available: {', '.join(registry.names())}"
             )
-    if algorithm.advantage_estimator != "gae" and algorithm.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"rl.advantage_estimator={algorithm.advantage_estimator!r} is not registered")
+    estimators = ADVANTAGE_ESTIMATORS.names() + TOKEN_ADVANTAGE_ESTIMATORS.names()
+    if algorithm.advantage_estimator not in estimators:
+        raise ValueError(
+            f"rl.advantage_estimator={algorithm.advantage_estimator!r} (algorithm {name!r}) is not registered; "
+            f"available: {', '.join(sorted(estimators))}"
+        )
     if algorithm.kl_placement not in ("loss", "reward"):
         raise ValueError(f"rl.kl_placement={algorithm.kl_placement!r}; expected 'loss' or 'reward'")

@@ -37,9 +37,10 @@ from training.engines import (
     resolve_device,
     shard,
 )
+from training.rl_batch import RolloutBatch, Sample, group_index, padded
 from training.rl_math import (
+    TOKEN_ADVANTAGE_ESTIMATORS,
     agg_loss,
-    gae_advantages,
     get_advantage_estimator,
     get_policy_loss,
     group_stats,
@@ -70,36 +71,9 @@ class RoundResult:
     )  # the trained model with whole weights (set on return, never saved in state)
 
 
-@dataclass
-class Sample:
-    """One trajectory chosen for the update, with everything its loss needs (per-token lists)."""
-
-    record: dict
-    advantages: list[float]
-    old_logprobs: (
-        list[float] | None
-    )  # the trainer's log-probs before the update; None: the update's own (on-policy, see reuses_update_logprobs)
-    ref_logprobs: list[float] | None = None
-    old_values: list[float] | None = None
-    returns: list[float] | None = None
-
-
-# --------------------------------------------------------------------------- pure helpers
-def _padded(rows: list[list[float]], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    out = torch.zeros((len(rows), width))
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)[:width]
-    return out.to(device, non_blocking=True)
-
-
-def _group_index(group_ids: list[str]) -> torch.Tensor:
-    index = {g: i for i, g in enumerate(dict.fromkeys(group_ids))}
-    return torch.tensor([index[g] for g in group_ids])
-
-
 def informative_groups(rewards: list[float], group_ids: list[str]) -> torch.Tensor:
     """Per trajectory: does its group have any reward spread? (DAPO keeps only those.)"""
-    _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
+    _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), group_index(group_ids))
     return std > 1e-6
 
 
@@ -114,7 +88,7 @@ def filter_values(scores: list[dict], by: str) -> list[float]:
 
 def mean_group_std(rewards: list[float], group_ids: list[str]) -> float:
     """Mean within-group reward std: the spread GRPO learns from (RAGEN watches it fall)."""
-    _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), _group_index(group_ids))
+    _, std = group_stats(torch.tensor(rewards, dtype=torch.float32), group_index(group_ids))
     by_group = dict(zip(group_ids, std.tolist()))
     return sum(by_group.values()) / len(by_group) if by_group else 0.0
 
@@ -259,13 +233,20 @@ def recorded_values(
     )
 
 
-def _policy_token_mean(per_token: list[list[float]], records: list[dict]) -> float:
-    values = [v for r, vs in zip(records, per_token) for v, m in zip(vs, r["tool_mask"]) if m]
+def _kl_per_token(batch: RolloutBatch, old: torch.Tensor, algo: Algorithm) -> torch.Tensor:
+    """KL(old || reference) estimated per token, (B, W). Row by row on each row's own tokens:
+    elementwise kernels may round a vector body and its tail differently, so a row's values would
+    otherwise depend on the width it is padded to."""
+    kl = torch.zeros_like(old)
+    for i, n in enumerate(batch.lengths):
+        kl[i, :n] = kl_penalty(old[i, :n], batch.ref_logprobs[i, :n], algo.kl_estimator, k3_clamp=algo.k3_clamp)
+    return kl
+
+
+def _policy_token_mean(per_token: torch.Tensor, tool_mask: torch.Tensor) -> float:
+    """The mean over policy tokens, summed in row-major order in double precision (a metric)."""
+    values = per_token[tool_mask.bool()].tolist()
     return sum(values) / max(1, len(values))
-
-
-def _kl_per_token(behaviour: list[float], ref: list[float], algo: Algorithm) -> list[float]:
-    return kl_penalty(torch.tensor(behaviour), torch.tensor(ref), algo.kl_estimator, k3_clamp=algo.k3_clamp).tolist()
 
 
 def trainer_gap(
@@ -289,14 +270,14 @@ def trainer_gap(
     )
     width = max(len(r["completion_ids"]) for r in records)
     gap = logprob_mismatch(
-        _padded(old, width),
-        _padded([r["logprobs"] for r in records], width),
-        _padded([r["tool_mask"] for r in records], width),
+        padded(old, width),
+        padded([r["logprobs"] for r in records], width),
+        padded([r["tool_mask"] for r in records], width),
     )
     return old, {"rollout/logprob_mismatch_max": gap["max"], "rollout/logprob_mismatch_mean": gap["mean"]}
 
 
-def reuses_update_logprobs(algo: Algorithm, rl: RLConfig) -> bool:
+def reuses_update_logprobs(algo: Algorithm) -> bool:
     """Strictly on-policy: one optimizer step per batch, and nothing needs the old log-probs
     before the update (no KL in the reward, no critic, no importance weights). The update's own
     log-probs, detached, are then exactly the old ones (ratio 1, as TRL and verl use them), so
@@ -304,8 +285,8 @@ def reuses_update_logprobs(algo: Algorithm, rl: RLConfig) -> bool:
     update's forward + backward). The engine/trainer mismatch and the KL to the reference are
     then measured in the update, from the same log-probs (`policy_loss_fn`'s `stats`)."""
     return (
-        rl.minibatches == 1
-        and rl.tis_cap is None
+        algo.minibatches == 1
+        and algo.tis_cap is None
         and not algo.critic
         and not (algo.needs_reference and algo.kl_placement == "reward")
     )
@@ -315,123 +296,117 @@ def prepare_samples(
     records: list[dict],
     scores: list[dict],
     algo: Algorithm,
-    rl: RLConfig,
     *,
     policy,
     reference,
     critic,
     temperature: float,
     pad_id: int,
-    max_tokens: int | None = None,
+    micro_batch_tokens: int | None = None,
     chunk_tokens: int | None = None,
     dp: DataParallel = DataParallel(),
 ) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
-    advantages (times truncated importance weights if `rl.tis_cap`); then keep the trajectories
+    advantages (times truncated importance weights if `algo.tis_cap`); then keep the trajectories
     that carry a gradient signal. A group with an unscorable member never trains (docs/verifiers.md).
-    `max_tokens`: padded tokens per forward pass (engine.micro_batch_tokens); `chunk_tokens`: LM-head
-    tokens at once in a log-prob pass (engine.logit_chunk_tokens). The reference and the critic run
-    wherever they are (rl.reference_device, rl.critic_device). `dp`: under data parallelism every
-    rank holds the same global batch; each computes its share of the per-token passes."""
-    passes = dict(temperature=temperature, pad_id=pad_id, max_tokens=max_tokens, chunk_tokens=chunk_tokens)
-    if reuses_update_logprobs(algo, rl):
-        old, metrics = None, {}
-    else:
+    `micro_batch_tokens`: padded tokens per forward pass (engine.micro_batch_tokens); `chunk_tokens`:
+    LM-head tokens at once in a log-prob pass (engine.logit_chunk_tokens). The reference and the
+    critic run wherever they are (rl.reference_device, rl.critic_device). `dp`: under data
+    parallelism every rank holds the same global batch; each computes its share of the per-token passes."""
+    passes = dict(temperature=temperature, pad_id=pad_id, max_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens)
+    batch = RolloutBatch.of(records, scores)
+    metrics: dict[str, float] = {}
+    if not reuses_update_logprobs(algo):
         old, metrics = trainer_gap(policy, records, **passes, dp=dp)
+        batch = batch.with_(old_logprobs=padded(old, batch.width))
     # The whole group leaves: the unscorable member's reward is shaping only, and in the group's
     # baseline it would act as an outcome of 0 and move its siblings' advantages.
-    unscorable = {r["group_id"] for r, s in zip(records, scores) if s["outcome"] is None}
+    unscorable = {g for g, outcome in zip(batch.group_ids, batch.outcomes) if outcome is None}
     metrics["rollout/unscorable_groups"] = float(len(unscorable))
     if unscorable:
-        keep = [i for i, r in enumerate(records) if r["group_id"] not in unscorable]
-        records, scores = [records[i] for i in keep], [scores[i] for i in keep]
-        old = [old[i] for i in keep] if old is not None else None
-        if not records:
+        batch = batch.select([g not in unscorable for g in batch.group_ids])
+        if not batch:
             return [], metrics
+    if algo.drop_zero_variance_groups and algo.group_filter == "outcome":
+        # the dynamic-sampling batch is already filtered; this is the plain one
+        keep = informative_groups(filter_values(batch.scores, "outcome"), batch.group_ids)
+        metrics["rollout/no_outcome_spread_dropped"] = float(len(batch) - int(keep.sum()))
+        batch = batch.select(keep)
+        if not batch:
+            return [], metrics
+    if algo.needs_reference:
+        ref = dp.map_sharded(batch.records, lambda rows: recorded_logprobs(reference, rows, **passes))
+        batch = batch.with_(ref_logprobs=padded(ref, batch.width))
+    if batch.ref_logprobs is not None and batch.old_logprobs is not None:
+        batch = batch.with_(kl=_kl_per_token(batch, batch.old_logprobs, algo))
+        metrics["actor/kl_ref"] = _policy_token_mean(batch.kl, batch.tool_mask)
+    in_reward = algo.kl_coef if (batch.kl is not None and algo.kl_placement == "reward") else 0.0
+    batch = _with_advantages(batch, algo, in_reward, critic, pad_id, micro_batch_tokens, dp, metrics)
+    if algo.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
+        weights = tis_weights(batch.old_logprobs, batch.behaviour_logprobs, batch.tool_mask, algo.tis_cap)
+        metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, batch.tool_mask))
+        batch = batch.with_(advantages=batch.advantages * weights)
+    trained = batch
+    if algo.drop_zero_variance_groups:
+        # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
+        trained = batch.select((batch.advantages != 0).any(dim=1))
     if (
-        rl.drop_zero_variance_groups and rl.group_filter == "outcome"
-    ):  # the dynamic-sampling batch is already filtered; this is the plain one
-        keep = [
-            i
-            for i, k in enumerate(
-                informative_groups(filter_values(scores, "outcome"), [r["group_id"] for r in records]).tolist()
-            )
-            if k
-        ]
-        metrics["rollout/no_outcome_spread_dropped"] = float(len(records) - len(keep))
-        records, scores = [records[i] for i in keep], [scores[i] for i in keep]
-        old = [old[i] for i in keep] if old is not None else None
-        if not records:
-            return [], metrics
-    width = max(len(r["completion_ids"]) for r in records)
-    policy_mask = _padded([r["tool_mask"] for r in records], width)
-    ref = (
-        dp.map_sharded(records, lambda rows: recorded_logprobs(reference, rows, **passes))
-        if algo.needs_reference
-        else None
-    )
-    kl = [_kl_per_token(old_i, ref_i, algo) for old_i, ref_i in zip(old, ref)] if ref and old is not None else None
-    if kl:
-        metrics["actor/kl_ref"] = _policy_token_mean(kl, records)
-    in_reward = algo.kl_coef if (kl and algo.kl_placement == "reward") else 0.0
-    rewards = [s["reward"] for s in scores]
+        batch.old_logprobs is None and not trained
+    ):  # no update will measure them: the engine gap and KL as without reuse
+        old, gap = trainer_gap(policy, batch.records, **passes, dp=dp)
+        metrics |= gap
+        if batch.ref_logprobs is not None:
+            kl = _kl_per_token(batch, padded(old, batch.width), algo)
+            metrics["actor/kl_ref"] = _policy_token_mean(kl, batch.tool_mask)
+    return trained.samples(), metrics
+
+
+def _with_advantages(
+    batch: RolloutBatch,
+    algo: Algorithm,
+    in_reward: float,
+    critic,
+    pad_id: int,
+    micro_batch_tokens: int | None,
+    dp: DataParallel,
+    metrics: dict[str, float],
+) -> RolloutBatch:
+    """Advantages per token: a token-level estimator over the critic's values (GAE), or a
+    sequence-level one over the group's rewards, the sequence's value repeated on its tokens."""
     if algo.critic:
-        values = dp.map_sharded(
-            records, lambda rows: recorded_values(critic, rows, pad_id=pad_id, max_tokens=max_tokens)
+        values = padded(
+            dp.map_sharded(
+                batch.records,
+                lambda rows: recorded_values(critic, rows, pad_id=pad_id, max_tokens=micro_batch_tokens),
+            ),
+            batch.width,
         )
+        kl = batch.kl.tolist() if batch.kl is not None else None
         per_token = [
             token_rewards(reward, kl[i] if kl else [0.0] * len(r["tool_mask"]), r["tool_mask"], in_reward)
-            for i, (r, reward) in enumerate(zip(records, rewards))
+            for i, (r, reward) in enumerate(zip(batch.records, batch.rewards))
         ]
-        mask = policy_mask
-        adv, returns = gae_advantages(
-            _padded(per_token, width), _padded(values, width), mask, gamma=rl.ppo.gamma, lam=rl.ppo.lam
+        estimator = TOKEN_ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)
+        advantages, returns = estimator(
+            padded(per_token, batch.width), values, batch.tool_mask, gamma=algo.gamma, lam=algo.lam
         )
-        adv = torch.where(
-            mask.bool(), (adv - masked_mean(adv, mask)) / (adv[mask.bool()].std() + 1e-8), 0.0
-        )  # whitened, as verl
-        advantages = [adv[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
-        returns_list = [returns[i, : len(r["completion_ids"])].tolist() for i, r in enumerate(records)]
-        metrics["critic/values_mean"] = float(masked_mean(_padded(values, width), mask))
-    else:
-        # KL in the reward, for outcome estimators: the sequence's reward minus beta * its summed KL (verl).
-        if in_reward:
-            rewards = [
-                reward - in_reward * sum(k for k, m in zip(kl[i], r["tool_mask"]) if m)
-                for i, (r, reward) in enumerate(zip(records, rewards))
-            ]
-        seq_adv = get_advantage_estimator(algo.advantage_estimator)(
-            torch.tensor(rewards, dtype=torch.float32), _group_index([r["group_id"] for r in records])
-        )
-        advantages = [[a] * len(r["completion_ids"]) for a, r in zip(seq_adv.tolist(), records)]
-        values = returns_list = None
-    if rl.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
-        weights = tis_weights(
-            _padded(old, width), _padded([r["logprobs"] for r in records], width), policy_mask, rl.tis_cap
-        )
-        metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, policy_mask))
-        advantages = [[a * w for a, w in zip(adv_i, weights[i].tolist())] for i, adv_i in enumerate(advantages)]
-    samples = []
-    for i, record in enumerate(records):
-        if rl.drop_zero_variance_groups and not any(advantages[i]):
-            continue  # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
-        samples.append(
-            Sample(
-                record,
-                advantages[i],
-                old[i] if old is not None else None,
-                ref[i] if ref else None,
-                values[i] if values else None,
-                returns_list[i] if returns_list else None,
-            )
-        )
-    if old is None and not samples:  # no update will measure them: the engine gap and KL as without reuse
-        old, gap = trainer_gap(policy, records, **passes, dp=dp)
-        metrics |= gap
-        if ref:
-            metrics["actor/kl_ref"] = _policy_token_mean([_kl_per_token(o, r, algo) for o, r in zip(old, ref)], records)
-    return samples, metrics
+        metrics["critic/values_mean"] = float(masked_mean(values, batch.tool_mask))
+        return batch.with_(values=values, returns=returns, advantages=advantages)
+    rewards = batch.rewards
+    if in_reward:  # KL in the reward, for outcome estimators: the sequence's reward minus beta * its summed KL (verl)
+        kl_sums = [sum(row[m].tolist()) for row, m in zip(batch.kl, batch.tool_mask.bool())]
+        rewards = [reward - in_reward * kl_sum for reward, kl_sum in zip(rewards, kl_sums)]
+    sequence = get_advantage_estimator(algo.advantage_estimator)(
+        torch.tensor(rewards, dtype=torch.float32), batch.group_index
+    )
+    return batch.with_(advantages=_on_tokens(sequence, batch))
+
+
+def _on_tokens(sequence: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """A value per sequence (B,) on every completion token of it, 0 on the padding: (B, W)."""
+    within = torch.arange(batch.width)[None, :] < torch.tensor(batch.lengths)[:, None]
+    return torch.where(within, sequence[:, None], 0.0)
 
 
 # --------------------------------------------------------------------------- update
@@ -457,11 +432,12 @@ def policy_loss_fn(
     *,
     temperature: float,
     pad_id: int,
-    max_tokens: int,
+    loss_norm_tokens: int,
     stats: dict[str, float] | None = None,
     chunk_tokens: int | None = None,
 ) -> Callable:
-    """`stats`: where, for samples without old log-probs (reuses_update_logprobs), the update's own
+    """`loss_norm_tokens`: the constant divisor of a token-sum aggregation (Dr.GRPO's
+    seq_mean_token_sum_norm), the episode's token budget (rollout.max_total_tokens). `stats`: where, for samples without old log-probs (reuses_update_logprobs), the update's own
     log-probs are measured against the engine's and the reference's (sums, see `on_policy_metrics`).
     `chunk_tokens`: engine.logit_chunk_tokens (completion_logprobs)."""
     policy_loss = get_policy_loss(algo.policy_loss)
@@ -474,17 +450,17 @@ def policy_loss_fn(
             engine.module, batch, temperature, with_entropy=True, chunk_tokens=chunk_tokens
         )
         mask = batch.loss_mask
-        norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": max_tokens}
+        norm = {"num_tokens": counts[0], "num_seqs": counts[1], "max_tokens": loss_norm_tokens}
         if samples[0].old_logprobs is None:
             old = logprobs.detach()
             if stats is not None:
                 _measure_on_policy(stats, old, samples, mask, width, algo)
         else:
-            old = _padded([s.old_logprobs for s in samples], width, device)
+            old = padded([s.old_logprobs for s in samples], width, device)
         loss, metrics = policy_loss(
             logprobs,
             old,
-            _padded([s.advantages for s in samples], width, device),
+            padded([s.advantages for s in samples], width, device),
             mask,
             clip_low=algo.clip_low,
             clip_high=algo.clip_high,
@@ -500,7 +476,7 @@ def policy_loss_fn(
             "actor/approx_kl": metrics["approx_kl"],
         }
         if algo.needs_reference and algo.kl_placement == "loss":
-            ref = _padded([s.ref_logprobs for s in samples], width, device)
+            ref = padded([s.ref_logprobs for s in samples], width, device)
             kl = agg_loss(
                 kl_penalty(logprobs, ref, algo.kl_estimator, k3_clamp=algo.k3_clamp), mask, algo.loss_agg_mode, **norm
             )
@@ -524,14 +500,14 @@ def _measure_on_policy(
     """Accumulates, over one micro-batch's policy tokens, what `trainer_gap` and `prepare_samples`
     would have measured from a separate old-log-prob pass."""
     m = mask.bool()
-    gap = (trainer - _padded([s.record["logprobs"] for s in samples], width, trainer.device)).abs()[m]
+    gap = (trainer - padded([s.record["logprobs"] for s in samples], width, trainer.device)).abs()[m]
     stats["tokens"] = stats.get("tokens", 0.0) + float(m.sum())
     stats["gap_sum"] = stats.get("gap_sum", 0.0) + float(gap.sum())
     stats["gap_max"] = max(stats.get("gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
     if samples[0].ref_logprobs is not None:
         kl = kl_penalty(
             trainer,
-            _padded([s.ref_logprobs for s in samples], width, trainer.device),
+            padded([s.ref_logprobs for s in samples], width, trainer.device),
             algo.kl_estimator,
             k3_clamp=algo.k3_clamp,
         )[m]
@@ -569,8 +545,8 @@ def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
         values = token_values(engine.module, batch)
         loss, metrics = value_loss(
             values,
-            _padded([s.old_values for s in samples], width, engine.device),
-            _padded([s.returns for s in samples], width, engine.device),
+            padded([s.old_values for s in samples], width, engine.device),
+            padded([s.returns for s in samples], width, engine.device),
             batch.loss_mask,
             clip=clip,
             num_tokens=counts[0],
@@ -599,11 +575,12 @@ def run_update(
     micro_batch_size: int | None,
     generator: torch.Generator,
     prefix: str,
-    max_tokens: int | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> dict[str, float]:
     """`minibatches` optimizer steps over shuffled, disjoint minibatches (PPO's inner epoch). Each
-    minibatch is split over ranks and micro-batches; the loss is normalized by its global counts,
-    so the update does not depend on how it is split (tests/test_engines.py)."""
+    minibatch is split over ranks and micro-batches (at most `micro_batch_size` rows and
+    `micro_batch_tokens` padded tokens, engine.*); the loss is normalized by its global counts, so
+    the update does not depend on how it is split (tests/test_engines.py)."""
     engine.train()
     order = torch.randperm(len(samples), generator=generator).tolist()
     chunks = [order[i::minibatches] for i in range(minibatches) if order[i::minibatches]]
@@ -616,7 +593,7 @@ def run_update(
             loss_fn,
             _counts,
             micro_batch_size=micro_batch_size,
-            max_tokens=max_tokens,
+            max_tokens=micro_batch_tokens,
             shape=_sample_shape,
             summed=SUMMED_METRICS,
         )
@@ -791,7 +768,7 @@ def train_round(
             while (
                 algo.dynamic_sampling
                 and passes < rl.max_sampling_rounds
-                and _spread_groups(records, scores, rl.group_filter) < rl.prompts_per_step
+                and _spread_groups(records, scores, algo.group_filter) < rl.prompts_per_step
             ):
                 passes += 1
                 more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
@@ -801,7 +778,7 @@ def train_round(
             result.disagreements += disagreements
             generate_s = time.perf_counter() - start
             train_records, train_scores = (
-                _first_spread_groups(records, scores, rl.prompts_per_step, rl.group_filter)
+                _first_spread_groups(records, scores, rl.prompts_per_step, algo.group_filter)
                 if algo.dynamic_sampling
                 else (records, scores)
             )
@@ -812,13 +789,12 @@ def train_round(
                     train_records,
                     train_scores,
                     algo,
-                    rl,
                     policy=model,
                     reference=reference,
                     critic=critic,
                     temperature=rollout.temperature,
                     pad_id=pad_id,
-                    max_tokens=engine_cfg.micro_batch_tokens,
+                    micro_batch_tokens=engine_cfg.micro_batch_tokens,
                     chunk_tokens=engine_cfg.logit_chunk_tokens,
                     dp=dp,
                 )
@@ -838,7 +814,7 @@ def train_round(
             # one number per trajectory for `verified_rewards` (PPO's are per token: their mean over policy tokens)
             advantage_of = {
                 s.record["trajectory_id"]: masked_mean(
-                    torch.tensor(s.advantages), torch.tensor(s.record["tool_mask"])
+                    torch.as_tensor(s.advantages), torch.tensor(s.record["tool_mask"])
                 ).item()
                 for s in samples
             }
@@ -851,9 +827,9 @@ def train_round(
                     engines["critic"],
                     samples,
                     critic_loss_fn(engines["critic"], rl.ppo.value_clip, pad_id),
-                    minibatches=rl.minibatches,
+                    minibatches=algo.minibatches,
                     micro_batch_size=engine_cfg.micro_batch_size,
-                    max_tokens=engine_cfg.micro_batch_tokens,
+                    micro_batch_tokens=engine_cfg.micro_batch_tokens,
                     generator=generator,
                     prefix="critic",
                 )
@@ -867,13 +843,13 @@ def train_round(
                         algo,
                         temperature=rollout.temperature,
                         pad_id=pad_id,
-                        max_tokens=rollout.max_total_tokens,
+                        loss_norm_tokens=rollout.max_total_tokens,
                         stats=on_policy,
                         chunk_tokens=engine_cfg.logit_chunk_tokens,
                     ),
-                    minibatches=rl.minibatches,
+                    minibatches=algo.minibatches,
                     micro_batch_size=engine_cfg.micro_batch_size,
-                    max_tokens=engine_cfg.micro_batch_tokens,
+                    micro_batch_tokens=engine_cfg.micro_batch_tokens,
                     generator=generator,
                     prefix="actor",
                 )

@@ -29,6 +29,7 @@ from configs.registry import Registry
 __all__ = [
     "LOG_RATIO_CLAMP",
     "ADVANTAGE_ESTIMATORS",
+    "TOKEN_ADVANTAGE_ESTIMATORS",
     "POLICY_LOSSES",
     "KL_ESTIMATORS",
     "AGG_MODES",
@@ -54,7 +55,9 @@ LOG_RATIO_CLAMP = 20.0
 
 
 # --------------------------------------------------------------------------- registry
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")  # sequence level: fn(rewards (N,), group_ids (N,))
+# token level, with a critic: fn(token_rewards, values, mask (B, T) each, *, gamma, lam) -> (advantages, returns)
+TOKEN_ADVANTAGE_ESTIMATORS = Registry("token-level advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
 AGG_MODES = Registry("loss aggregation mode")
@@ -195,6 +198,17 @@ def gae_advantages(
         next_adv = torch.where(live, adv_t, next_adv)
     returns = torch.where(m, advantages + values, 0.0)
     return advantages, returns
+
+
+@TOKEN_ADVANTAGE_ESTIMATORS.register("gae")
+def whitened_gae_advantages(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's estimator: GAE, then the advantages whitened over every policy token of the batch
+    (verl's `compute_gae_advantage_return` + `masked_whiten`); 0 off the mask. Returns are not whitened."""
+    adv, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
+    live = mask.bool()
+    return torch.where(live, (adv - masked_mean(adv, mask)) / (adv[live].std() + 1e-8), 0.0), returns
 
 
 def value_loss(
