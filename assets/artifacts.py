@@ -75,9 +75,8 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 def _endpoint(fs) -> str:
     try:
-        return (
-            fs.s3.meta.endpoint_url
-        )  # what s3fs's client resolved (argument, AWS_ENDPOINT_URL*, profile, AWS default)
+        # what s3fs's client resolved (argument, AWS_ENDPOINT_URL*, profile, AWS default)
+        return fs.s3.meta.endpoint_url
     except AttributeError:
         return "(unknown)"
 

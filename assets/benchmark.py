@@ -192,9 +192,8 @@ def benchmark_checkpoint(
 
     champion = tracker.version_by_alias(CHAMPION)
     champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json") if champion else None
-    if (
-        champion is not None and tracker.gate_k(champion.run_id) != bench.gate_k
-    ):  # per-task pass@k of another k: not comparable
+    # per-task pass@k of another k: not comparable
+    if champion is not None and tracker.gate_k(champion.run_id) != bench.gate_k:
         raise Failure(
             description=f"benchmark.gate_k={bench.gate_k}, but the champion (version {champion.version}) was scored with "
             f"gate_k={tracker.gate_k(champion.run_id)}: per-task scores of different k cannot be compared; "
@@ -454,9 +453,8 @@ def benchmark_scores(
         if health.collapsed and collapse.action == "block"
         else ""
     )
-    with round_lock(
-        storage.cache_dir, context
-    ):  # no run of this round may replace the checkpoint while it is scored and registered
+    # no run of this round may replace the checkpoint while it is scored and registered
+    with round_lock(storage.cache_dir, context):
         return benchmark_checkpoint(
             context,
             settings=settings,

@@ -89,9 +89,8 @@ SPECS: dict[str, tuple[_Col, ...]] = {
     ),
     "knowledge_base": (
         _Col("name", "str", unique=True, nonblank=True),
-        _Col(
-            "type", "str", value_set=("person", "company", "city", "country", "document")
-        ),  # document: a user's corpus
+        # document: a user's corpus
+        _Col("type", "str", value_set=("person", "company", "city", "country", "document")),
         _Col("relations", "str", json=True),
         _Col("doc_id", "str"),
         _Col("title", "str"),

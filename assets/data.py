@@ -285,9 +285,8 @@ def search_retriever(storage: ArtifactStore, kb) -> BM25Retriever | None:
     fs, path = filesystem(uri)
     if not fs.exists(f"{path.rstrip('/')}/{MANIFEST}"):
         return None
-    return load_retriever(
-        storage.local_path(uri)
-    )  # a damaged index is an error (CorruptArtifact), not silently rebuilt
+    # a damaged index is an error (CorruptArtifact), not silently rebuilt
+    return load_retriever(storage.local_path(uri))
 
 
 search_index_contract = contract_check("search_index", "search_index")

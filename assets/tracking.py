@@ -117,9 +117,8 @@ class RetryingClient:
             return getattr(self._tracker.raw_client(), name)
 
         def call(*args, **kwargs):
-            named = ", ".join(
-                repr(a)[:40] for a in args if isinstance(a, str)
-            )  # run ids, model names: which call it was
+            # run ids, model names: which call it was
+            named = ", ".join(repr(a)[:40] for a in args if isinstance(a, str))
             return self._tracker.retry(
                 f"{name}({named})", lambda: getattr(self._tracker.raw_client(), name)(*args, **kwargs)
             )

@@ -141,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         "| job | round | step | wall (s) | share | peak RSS (MB) |",
         "|---|---|---|---|---|---|",
     ]
+    # -: ended between two samples
     lines += [
         f"| {r['job']} | {r['partition'] or '-'} | {r['step']} | {r['wall_s']} | {r['share']:.1%} | {r['peak_rss_mb'] or '-'} |"
         for r in rows
-    ]  # -: ended between two samples
+    ]
     (args.out / "flywheel-by-asset.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -145,9 +145,8 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
         }
         for i, (p, c) in enumerate(zip(prompts, completions))
     ]
-    scores = [
-        {"reward": float(i % 3 == 0), "outcome": float(i % 3 == 0)} for i in range(n)
-    ]  # every group has reward spread
+    # every group has reward spread
+    scores = [{"reward": float(i % 3 == 0), "outcome": float(i % 3 == 0)} for i in range(n)]
     algo = resolve_algorithm(rl)
     engine = build_engine(model, cfg.engine, lr=rl.learning_rate, betas=(0.9, 0.99), grad_clip=rl.grad_clip)
     loss_fn = policy_loss_fn(

@@ -109,9 +109,8 @@ def rl_update_s(cfg, policy, reference, tok, batches, budget: int | None) -> flo
 
     rl = cfg.rl.model_copy(update={"drop_zero_variance_groups": False})
     algo = resolve_algorithm(rl)
-    engine = build_engine(
-        policy, cfg.engine, lr=1e-12, betas=(0.9, 0.99), grad_clip=1.0
-    )  # ~0: every budget sees the same weights
+    # ~0: every budget sees the same weights
+    engine = build_engine(policy, cfg.engine, lr=1e-12, betas=(0.9, 0.99), grad_clip=1.0)
     loss_fn = policy_loss_fn(
         engine, algo, temperature=1.0, pad_id=tok.eos_token_id, loss_norm_tokens=cfg.rollout.max_total_tokens
     )

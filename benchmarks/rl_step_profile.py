@@ -190,10 +190,11 @@ class StageClock:
     def timed(self, stage: str, fn):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
+            # model passes and batches are counted under the stage that runs them
             outer, self.current = (
                 self.current,
                 stage,
-            )  # model passes and batches are counted under the stage that runs them
+            )
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -300,9 +301,8 @@ class RoundProbe:
             clock.add("engine calls", 1)
             clock.add("prefill tokens", sum(map(len, sequences)))
             clock.add("sampled tokens", sum(len(g.ids) for g in out))
-            clock.add(
-                "decode tokens", sum(max(0, len(g.ids) - 1) for g in out)
-            )  # a row's first token comes from the prefill's logits
+            # a row's first token comes from the prefill's logits
+            clock.add("decode tokens", sum(max(0, len(g.ids) - 1) for g in out))
             return out
 
         def count_rows(module, args, kwargs):
@@ -684,9 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     records: dict[str, list[dict]] = {size: [] for size in sizes}
     rounds: dict[str, list[dict]] = {size: [] for size in sizes}
     with SandboxResource.from_config(load_profile("tiny").sandbox).open() as box:
-        policies = {
-            size: setup(size, sft_steps[size], args.home, box) for size in sizes
-        }  # a missing warm start is built first, untimed
+        # a missing warm start is built first, untimed
+        policies = {size: setup(size, sft_steps[size], args.home, box) for size in sizes}
         for repeat in range(args.repeats):
             for size in sizes:
                 cfg = load_profile("tiny", SIZES[size])

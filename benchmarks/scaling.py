@@ -375,9 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = list({s.key: s for points in by_axis.values() for _, s in points}.values())
     policies = {}
     with SandboxResource.from_config(load_profile("tiny").sandbox).open() as box:
-        for size in dict.fromkeys(
-            s.size for s in settings
-        ):  # warm starts first: a missing one is built once, outside the timings
+        # warm starts first: a missing one is built once, outside the timings
+        for size in dict.fromkeys(s.size for s in settings):
             policies[size] = setup(size, SFT_STEPS[size], args.home, box)
         sweep_start = time.perf_counter()
         for repeat in range(repeats):

@@ -78,9 +78,8 @@ def sample(box) -> dict:
 def pool_health(box, start_pids: list[int], start_trees: list[int]) -> dict:
     pids = box.worker_pids()
     trees = [_process_tree(p) for p in pids]
-    leftovers = [
-        f"{q}:/tmp/{name}" for tree in trees for q in tree[1:] for name in os.listdir(f"/proc/{q}/root/tmp")
-    ]  # the worker's own /tmp
+    # the worker's own /tmp
+    leftovers = [f"{q}:/tmp/{name}" for tree in trees for q in tree[1:] for name in os.listdir(f"/proc/{q}/root/tmp")]
     runs = [box.run_python("import os; print(1, os.getuid())") for _ in pids]
     h = {
         "pool_size": len(pids),

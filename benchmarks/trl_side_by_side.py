@@ -202,9 +202,8 @@ def run_ours(job: dict, gate: Gate) -> None:
         update={"rollout": cfg.rollout.model_copy(update={"max_total_tokens": longest + job["completion_tokens"]})}
     )
     queue = [list(batch) for batch in steps]
-    rl_loop.sample_prompts = lambda tasks, weights, k, rng: queue.pop(
-        0
-    )  # the job's prompts, in order (not the curriculum's draw)
+    # the job's prompts, in order (not the curriculum's draw)
+    rl_loop.sample_prompts = lambda tasks, weights, k, rng: queue.pop(0)
     by_id = {t["task_id"]: t for batch in steps for t in batch}
     stages, build = Stages(), rl_loop.build_rollout_engine
 

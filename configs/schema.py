@@ -821,6 +821,7 @@ class FlywheelConfig(_Strict):
         return self
 
 
+# vllm 0.32 CPUAttentionBackend.get_supported_head_sizes
 VLLM_CPU_HEAD_SIZES = (
     32,
     64,
@@ -833,4 +834,4 @@ VLLM_CPU_HEAD_SIZES = (
     224,
     256,
     512,
-)  # vllm 0.32 CPUAttentionBackend.get_supported_head_sizes
+)

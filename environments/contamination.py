@@ -61,9 +61,8 @@ def overlaps(benchmark: Iterable[dict], training: Iterable[dict], *, ngram: int 
         elif _long(prompt, ngram):
             wanted = _numbers(prompt)
             sharing = {i for gram in word_ngrams(prompt, ngram) for i in by_gram.get(gram, ())}
-            shared = min(
-                (i for i in sharing if _in_order(wanted, numbers[i])), default=None
-            )  # the first in training order
+            # the first in training order
+            shared = min((i for i in sharing if _in_order(wanted, numbers[i])), default=None)
             if shared is not None:
                 found.append(
                     {

@@ -27,9 +27,8 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
     overrides = overrides if overrides is not None else json.loads(os.environ.get("FLYWHEEL_OVERRIDES", "{}"))
     cfg = resolve_families(load_profile(profile, overrides))
     limits = {"dagster/max_runtime": str(cfg.orchestration.max_runtime_s)}
-    base = (
-        ("base_benchmark_scores",) if cfg.benchmark.include_base else ()
-    )  # the zero-shot baseline, for pretrained models
+    # the zero-shot baseline, for pretrained models
+    base = ("base_benchmark_scores",) if cfg.benchmark.include_base else ()
     foundation = define_asset_job(
         FOUNDATION_JOB,
         selection=AssetSelection.groups("data", "model", "sft") | AssetSelection.assets("sft_benchmark_scores", *base),

@@ -76,10 +76,11 @@ def cluster_settings(cfg: FlywheelConfig) -> dict[str, Any]:
         "storage": {"postgres": {"postgres_db": {**postgres, "port": 5432}}},
         "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": launcher},
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
+        # `gpu` is the only pool the assets use
         "concurrency": {
             "runs": {"max_concurrent_runs": k8s.max_concurrent_runs, "tag_concurrency_limits": ROUND_RUN_LIMITS},
             "pools": {"granularity": "op", "default_limit": k8s.gpu_pool_limit},
-        },  # `gpu` is the only pool the assets use
+        },
         "run_monitoring": RUN_MONITORING,
         "run_retries": RUN_RETRIES,
     }

@@ -129,11 +129,12 @@ TMP_MB = 64  # the host side's temp files (each worker's stderr log); the code n
 def seccomp_profile() -> dict[str, Any]:
     """The service container's Localhost seccomp profile (OCI/runc JSON)."""
     names = sorted({name for group in DENIED_SYSCALLS.values() for name in group})
+    # EPERM
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": list(SECCOMP_ARCHITECTURES),
         "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
-    }  # EPERM
+    }
 
 
 def sandbox_address(cfg: FlywheelConfig) -> tuple[str, int]:

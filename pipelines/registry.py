@@ -156,9 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p_load.add_argument("--alias", default=CHAMPION)
     p_load.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    os.environ.setdefault(
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
-    )  # score downloads would print bars between our lines
+    # score downloads would print bars between our lines
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
         tracker = tracker_for(cfg)

@@ -119,9 +119,8 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
         if not result.success:
             raise SystemExit(failure_message(result, what))
         runs = flywheel_runs(instance)
-    if not any(
-        r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in runs
-    ):  # 3b. foundation, then rounds
+    # 3b. foundation, then rounds
+    if not any(r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in runs):
         print(
             f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True
         )
@@ -151,9 +150,8 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     )
     gain = paired_difference(final_scores, sft_per_task, cfg.benchmark.confidence)
     bench_tasks = defs.load_asset_value("benchmark_tasks", instance=instance)
-    bench_tasks = bench_tasks[
-        ~bench_tasks["split"].isin(list(cfg.benchmark.suites))
-    ]  # suites are reported apart, never in the gain
+    # suites are reported apart, never in the gain
+    bench_tasks = bench_tasks[~bench_tasks["split"].isin(list(cfg.benchmark.suites))]
     family_of = dict(zip(bench_tasks["task_id"], bench_tasks["family"]))
     level_of = {
         t: f"{f} level_{int(lv)}"

@@ -105,6 +105,7 @@ def smol_policy(sandbox, smollm2_folder):
     from configs import load_profile
     from training.warm_start import warm_started_policy
 
+    # the SFT under autocast; the policy's log-probs are then compared in fp32
     cfg = load_profile(
         "micro",
         {
@@ -117,7 +118,7 @@ def smol_policy(sandbox, smollm2_folder):
             "sft.warmup_steps": 2,
             "engine.precision": "bf16",
         },
-    )  # the SFT under autocast; the policy's log-probs are then compared in fp32
+    )
     return warm_started_policy(cfg, sandbox, sft_steps=16)
 
 

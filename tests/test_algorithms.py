@@ -91,11 +91,12 @@ def test_bound_defaults_are_verls_everywhere():
     "field, bad, reason",
     [
         ("k3_clamp", 0, "greater than 0"),
+        # verl asserts clip_ratio_c > 1: at 1 every A < 0 token would be capped
         (
             "clip_ratio_c",
             1.0,
             "greater than 1",
-        ),  # verl asserts clip_ratio_c > 1: at 1 every A < 0 token would be capped
+        ),
         ("seq_log_ratio_max", 0, "greater than 0"),
         ("seq_log_ratio_max", 25, "less than or equal to 20"),  # rl_math.LOG_RATIO_CLAMP, the finite-exp guard
     ],
@@ -114,12 +115,13 @@ def test_bounds_are_validated_at_load_time_naming_the_field(field, bad, reason):
         # k3 = e^3 - 3 - 1 = 16.0855. kl_coef .5, token mean over 3 tokens. loss = policy + .5 * kl.
         ("grpo", {}, 3.0, 10.0),  # dual-clip -A*3 = 3; k3 clamped at 10: 3 + 5 = 8
         ("grpo", {"clip_ratio_c": 2.5, "k3_clamp": 4.0}, 2.5, 4.0),  # 2.5 + 2 = 4.5
+        # both off (the old behaviour): -A r = 5; 5 + 8.0428 = 13.0428
         (
             "grpo",
             {"clip_ratio_c": None, "k3_clamp": None},
             5.0,
             math.exp(3) - 4,
-        ),  # both off (the old behaviour): -A r = 5; 5 + 8.0428 = 13.0428
+        ),
         # GSPO: s = exp(mean log r) = 5; a cap of 1 gives s = e (dual-clip off), A = -1: loss e per token
         ("gspo", {"clip_ratio_c": None, "seq_log_ratio_max": 1.0}, math.e, 10.0),
         ("gspo", {"clip_ratio_c": None}, 5.0, 10.0),  # the default cap (10) does not bind at ln 5
@@ -264,9 +266,8 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
         pad_id=tok.eos_token_id,
     )
     ref = recorded_logprobs(reference, records, temperature=1.0, pad_id=tok.eos_token_id)
-    old = recorded_logprobs(
-        policy, records, temperature=1.0, pad_id=tok.eos_token_id
-    )  # the trainer's, not the engine's
+    # the trainer's, not the engine's
+    old = recorded_logprobs(policy, records, temperature=1.0, pad_id=tok.eos_token_id)
     adjusted = []
     for r, s, ref_i, old_i in zip(records, scores, ref, old):
         kl = kl_penalty(torch.tensor(old_i), torch.tensor(ref_i), "k1")
@@ -297,9 +298,8 @@ def test_kl_in_the_reward_lowers_each_sequence_reward_by_beta_times_its_kl(rollo
 
 def test_without_dynamic_sampling_the_outcome_filter_drops_constant_outcome_groups(rollout_batch):
     policy, tok, records, scores = rollout_batch
-    scores = [
-        dict(s, outcome=1.0 if i < 4 else float(i % 2)) for i, s in enumerate(scores)
-    ]  # group 0 all solved, rewards still spread
+    # group 0 all solved, rewards still spread
+    scores = [dict(s, outcome=1.0 if i < 4 else float(i % 2)) for i, s in enumerate(scores)]
     rl = RLConfig(algorithm="grpo", kl_coef=0.0, group_filter="outcome")
     samples, metrics = prepare_samples(
         records,
@@ -339,9 +339,8 @@ def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micr
     rl = RLConfig(algorithm="grpo", minibatches=1, drop_zero_variance_groups=False)
     algo = resolve_algorithm(rl)
     assert reuses_update_logprobs(algo)
-    assert not reuses_update_logprobs(
-        resolve_algorithm(rl.model_copy(update={"minibatches": 2}))
-    )  # the second minibatch is off-policy
+    # the second minibatch is off-policy
+    assert not reuses_update_logprobs(resolve_algorithm(rl.model_copy(update={"minibatches": 2})))
     assert not reuses_update_logprobs(resolve_algorithm(rl.model_copy(update={"tis_cap": 2.0})))
     assert not reuses_update_logprobs(resolve_algorithm(RLConfig(algorithm="rloo", minibatches=1)))  # KL in the reward
     runs = {}

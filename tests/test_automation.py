@@ -141,9 +141,8 @@ def test_local_instance_monitors_and_retries_runs(tmp_path, monkeypatch, old):
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))  # prepare_home sets it; restored after the test
     (tmp_path / "dagster").mkdir()
-    (tmp_path / "dagster" / "dagster.yaml").write_text(
-        OLD_INSTANCE_SETTINGS[old]
-    )  # an earlier version's home is upgraded
+    # an earlier version's home is upgraded
+    (tmp_path / "dagster" / "dagster.yaml").write_text(OLD_INSTANCE_SETTINGS[old])
     prepare_home(tmp_path)
     assert (tmp_path / "dagster" / "dagster.yaml").read_text() == LOCAL_SETTINGS
     with DagsterInstance.from_config(str(tmp_path / "dagster")) as inst:

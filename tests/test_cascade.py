@@ -22,22 +22,25 @@ def reward_of(turns, tokens=20, cfg=None, task=TASK):
         (["<code>print(6*7)</code>", "<answer>42</answer>"], 20, 1.0),  # right with one call: -0.1
         (["<answer>41</answer>"], 8, 0.1),  # wrong but well formed
         (["<answer>41</answer><answer>42</answer>"], 8, 0.0),  # hedging: two answers score nothing
+        # cost capped at 0.3
         (
             ["<code>1</code>", "<code>2</code>", "<code>3</code>", "<code>4</code>", "<answer>42</answer>"],
             30,
             0.8,
-        ),  # cost capped at 0.3
+        ),
+        # consecutive duplicate: -0.1
         (
             ["<code>print(1)</code>", "<code>print(1)</code>", "<answer>42</answer>"],
             20,
             0.8,
-        ),  # consecutive duplicate: -0.1
+        ),
         (["<code>print(</code>", "<answer>42</answer>"], 20, 0.9),  # invalid call: -0.1
+        # a tool that does not exist: not well formed, -0.1 -0.1
         (
             ["<search>x</search>", "<answer>42</answer>"],
             20,
             0.8,
-        ),  # a tool that does not exist: not well formed, -0.1 -0.1
+        ),
         (["<answer>42</answer>"], 112, 1.0),  # 16 tokens into the 32-token overlong buffer: -0.5 * 0.2
         (["<answer>42</answer>"], 129, 0.9),  # beyond max_tokens: -1 * 0.2
         (["no tags at all 42"], 8, 0.0),

@@ -416,9 +416,8 @@ def test_sandbox_failure_is_unscorable():
 
 
 def test_results_lost_to_the_output_limit_are_unscorable_not_failures(sandbox):
-    tests = [
-        {"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(6000)
-    ]  # 6,000 answer lines > the 64 KiB stdout limit
+    # 6,000 answer lines > the 64 KiB stdout limit
+    tests = [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(6000)]
     verdict = verify(CORRECT, sandbox, {"entry_point": "add", "tests": tests})
     assert verdict.score is None and "output limit" in verdict.details
 

@@ -65,9 +65,8 @@ def test_entropy_collapse_fires_at_the_step_completing_the_window():
 def test_entropy_dips_shorter_than_the_window_do_not_fire():
     h = with_values(healthy(15), "actor/entropy", {1: 1.0, 2: 1.0, 3: 1.0, 6: 0.3, 8: 0.3, 9: 0.3, 12: 0.2, 13: 0.2})
     assert "actor/entropy" not in fired(detect_collapse(h, CFG))
-    assert "actor/entropy" in fired(
-        detect_collapse(h, CollapseConfig(window=2, entropy_drop=0.5))
-    )  # steps 8-9 complete a run of 2
+    # steps 8-9 complete a run of 2
+    assert "actor/entropy" in fired(detect_collapse(h, CollapseConfig(window=2, entropy_drop=0.5)))
 
 
 def test_reward_std_decay_fires():
@@ -235,6 +234,5 @@ def test_signal_series_orders_by_step_and_skips_non_numbers():
         {"x": math.nan},
     ]
     series = signal_series(h, "x")
-    assert (
-        series[:2] == [(1, 2.5), (3, 1.0)] and series[2][0] == 5 and math.isnan(series[2][1])
-    )  # no "step": its position
+    # no "step": its position
+    assert series[:2] == [(1, 2.5), (3, 1.0)] and series[2][0] == 5 and math.isnan(series[2][1])

@@ -105,9 +105,8 @@ def test_a_held_round_is_refused_naming_the_holder_and_a_killed_holder_leaves_no
             f"RL round 7 is held by Dagster run run-a (step rl_round, pid {holder.pid} on {socket.gethostname()}, "
             f"since {json.loads(path.read_text())['since']}). Launch round 7 again later."
         )
-        assert (
-            not refused.value.allow_retries
-        )  # a retry would redo (or wait on) the other run's work behind the user's back
+        # a retry would redo (or wait on) the other run's work behind the user's back
+        assert not refused.value.allow_retries
         holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel drops the lock with the process
         holder.wait(timeout=30)
         with exclusive(path, "RL round 7", {"run_id": "run-b"}):  # at once: no stale lock, no waiting

@@ -71,9 +71,8 @@ def test_config_choices_match_the_registries():
         }
 
     assert choices("algorithm") == set(ALGORITHMS.names())
-    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | set(
-        TOKEN_ADVANTAGE_ESTIMATORS.names()
-    )  # gae: token-level, needs the critic
+    # gae: token-level, needs the critic
+    assert choices("advantage_estimator") == set(ADVANTAGE_ESTIMATORS.names()) | set(TOKEN_ADVANTAGE_ESTIMATORS.names())
     assert choices("policy_loss") == set(POLICY_LOSSES.names())
     assert choices("loss_agg_mode") == set(AGG_MODES.names())
     assert choices("kl_estimator") == set(KL_ESTIMATORS.names())
@@ -90,9 +89,8 @@ def test_override_inside_a_default_mapping_keeps_the_rest():
 
 
 def test_vllm_on_cpu_refuses_a_head_size_its_kernels_lack():
-    assert (
-        load_profile("tiny", {"rollout.engine": "vllm"}).rollout.vllm.block_size == 32
-    )  # head size 128/4 = 32: served
+    # head size 128/4 = 32: served
+    assert load_profile("tiny", {"rollout.engine": "vllm"}).rollout.vllm.block_size == 32
     with pytest.raises(
         ConfigError,
         match=r"rollout.engine=vllm on CPU needs a head size .* model.hidden_size 128 / model.num_attention_heads 8 = 16",
@@ -120,9 +118,8 @@ def test_references_take_defaults_and_sit_inside_longer_values(monkeypatch):
     monkeypatch.setenv("FLYWHEEL_TEST_PREFIX", "run7")
     cfg = load_profile("micro", {"storage.root": "s3://${FLYWHEEL_TEST_BUCKET:-fallback}/${FLYWHEEL_TEST_PREFIX}/x"})
     assert cfg.storage.root == "s3://fallback/run7/x"
-    monkeypatch.setenv(
-        "FLYWHEEL_TEST_BUCKET", ""
-    )  # set but empty: the default applies, as in a shell's ${VAR:-default}
+    # set but empty: the default applies, as in a shell's ${VAR:-default}
+    monkeypatch.setenv("FLYWHEEL_TEST_BUCKET", "")
     assert load_profile("micro", {"storage.root": "${FLYWHEEL_TEST_BUCKET:-b}"}).storage.root == "b"
     monkeypatch.setenv("FLYWHEEL_TEST_BUCKET", "real")
     assert load_profile("micro", {"storage.root": "${FLYWHEEL_TEST_BUCKET:-b}"}).storage.root == "real"

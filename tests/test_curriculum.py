@@ -61,9 +61,8 @@ def test_sampling_follows_weights_without_repeats():
         counts.update(t["task_id"] for t in drawn)
     assert counts["t0"] == counts["t1"] == 0
     assert counts["t2"] > 1.8 * max(counts[f"t{i}"] for i in range(3, 10))
-    assert (
-        len(sample_prompts(tasks[:2], {"t0": 0.0, "t1": 0.0}, 3, rng)) == 2
-    )  # zero weights still fill when nothing else is left
+    # zero weights still fill when nothing else is left
+    assert len(sample_prompts(tasks[:2], {"t0": 0.0, "t1": 0.0}, 3, rng)) == 2
     assert math.isclose(sum(counts.values()), 6000)
 
 

@@ -221,9 +221,8 @@ def test_token_budget_accumulation_is_exact_in_float64():
             atol=FP64_ATOL,
             norm_rtol=1e-10,
         )
-    assert (
-        len(micro_batches(dc.synthetic_batch(), None, max_tokens=40, shape=dc.shape)) > 2
-    )  # the budget really split the batch
+    # the budget really split the batch
+    assert len(micro_batches(dc.synthetic_batch(), None, max_tokens=40, shape=dc.shape)) > 2
 
 
 def test_torch_grad_accumulation_fp32():

@@ -224,9 +224,8 @@ def test_a_flywheel_reports_its_suites_apart_from_the_gate(tmp_path, monkeypatch
     per_task = json.loads(
         open(client.download_artifacts(run.info.run_id, "per_task_scores.json", str(tmp_path))).read()
     )
-    assert per_task and not [
-        t for t in per_task if t.startswith(("HumanEval/", "mini/"))
-    ]  # the gate compares held-out tasks only
+    # the gate compares held-out tasks only
+    assert per_task and not [t for t in per_task if t.startswith(("HumanEval/", "mini/"))]
     text = report(outcome)
     print(text)
     assert "suite (not gated)" in text and "humaneval" in text and "@2 " in text

@@ -198,9 +198,8 @@ def test_each_heavy_step_is_launched_in_its_own_gpu_pod_through_pipes(launched, 
     assert spec.node_selector == {"flywheel/node-pool": "gpu"} and "nvidia.com/gpu" in {t.key for t in spec.tolerations}
     assert spec.service_account_name == "flywheel-runner" and spec.restart_policy == "Never"
     assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["flywheel-env"]
-    assert [(e.name, e.value) for e in container.env] == [
-        ("DAGSTER_PIPES_CONTEXT", "x")
-    ]  # how the job finds its context
+    # how the job finds its context
+    assert [(e.name, e.value) for e in container.env] == [("DAGSTER_PIPES_CONTEXT", "x")]
 
 
 def test_gpu_steps_and_the_sft_job_run_the_trainer_image(tmp_path, monkeypatch, cluster_env):

@@ -143,8 +143,7 @@ def test_one_node_is_the_single_pod_launch(cluster_env):
     from pipelines.definitions import build_definitions
 
     launcher = build_definitions("cluster", {}).resources["launcher"]
-    assert (
-        isinstance(launcher, IndexedJobLauncher) and launcher.nnodes == 1
-    )  # launch() is then PipesK8sClient's one pod
+    # launch() is then PipesK8sClient's one pod
+    assert isinstance(launcher, IndexedJobLauncher) and launcher.nnodes == 1
     many = build_definitions("cluster", {"orchestration.k8s.nnodes": 4}).resources["launcher"]
     assert many.nnodes == 4 and json.loads(many.overrides_json) == {"orchestration.k8s.nnodes": 4}

@@ -121,12 +121,12 @@ def test_every_manifest_validates_strictly_for_the_eks_version(cfg, kubernetes_v
     "break_it",
     [
         lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imagePullPolicyy="Always"),  # a typo
-        lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(
-            containerPort="8790"
-        ),  # a string port
+        # a string port
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(containerPort="8790"),
+        # wrong key
         lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(
             seccomp={"type": "Localhost"}
-        ),  # wrong key
+        ),
         lambda d: d["spec"].update(replica=2),
     ],
     ids=["typo", "wrong-type", "misplaced-key", "unknown-spec-field"],

@@ -171,6 +171,7 @@ def test_rl_round_with_lora_moves_only_the_adapters(tokenizer_and_tasks, micro_c
     policy = apply_lora(build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=2), LORA)
     base = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
     adapters = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+    # batch-whitened: every trajectory trains, even in flat groups
     rl = micro_cfg.rl.model_copy(
         update={
             "steps_per_round": 3,
@@ -179,7 +180,7 @@ def test_rl_round_with_lora_moves_only_the_adapters(tokenizer_and_tasks, micro_c
             "drop_zero_variance_groups": False,
             "algorithm": "reinforce_pp",
         }
-    )  # batch-whitened: every trajectory trains, even in flat groups
+    )
     result = train_round(
         policy,
         None,

@@ -336,9 +336,8 @@ def test_a_boxed_symbolic_answer_may_not_restate_the_question():
         assert score(r"\boxed{\sqrt{8}}", "2*sqrt(2)", prompt) == 0.0, prompt
         assert score(r"$\sqrt{8}$", "2*sqrt(2)", prompt) == 0.0, prompt
         assert score(r"\boxed{2\sqrt{2}}", "2*sqrt(2)", prompt) == 1.0, prompt
-    assert (
-        score(r"\boxed{\sqrt{8}}", "2*sqrt(2)", "Simplify $\\sqrt{8}$ \\left[") == 0.0
-    )  # a prompt LaTeX cannot fully read
+    # a prompt LaTeX cannot fully read
+    assert score(r"\boxed{\sqrt{8}}", "2*sqrt(2)", "Simplify $\\sqrt{8}$ \\left[") == 0.0
 
 
 HUGE = [

@@ -135,12 +135,13 @@ def test_thousands_commas_only_in_a_grouped_numeral(prediction, gold, expected):
         ("1.4142", "sqrt(2)", {"rel_tol": 1e-4}, 1.0),  # tolerance on the symbolic path too
         ("1.4142", "sqrt(2)", {"rel_tol": 1e-6}, 0.0),
         ("sqrt(2)", "1.4142", {"abs_tol": 1e-3, "final_form": False}, 1.0),
+        # evaluated to 30 digits: rounding is not a difference
         (
             "log(8)-3log(2)",
             "0",
             {"rel_tol": 0.0, "final_form": False},
             1.0,
-        ),  # evaluated to 30 digits: rounding is not a difference
+        ),
         ("(x+1)^2-x^2-2x-1", "0", {"rel_tol": 0.0, "final_form": False}, 1.0),
         ("sqrt(2)", "1.4142", {"abs_tol": 1e-3}, 0.0),  # by default the answer to a numeric gold is a number
         ("log(8)-3log(2)", "0", {"rel_tol": 0.0}, 0.0),
@@ -158,9 +159,10 @@ def test_symbolic_false_accepts_numbers_only():
     assert score("8", "x", symbolic=False) is None  # a symbolic gold cannot be scored numerically
 
 
+# 239 chars but more nodes than allowed
 @pytest.mark.parametrize(
     "gold", ["???", "", "  ", "x =", "1/0", "import os", "9^9^9^9", "abc" * 100, "+".join(["x"] * 120)]
-)  # 239 chars but more nodes than allowed
+)
 def test_unparseable_gold_is_unscorable(gold):
     verdict = math_verifier("1", {"answer": gold})
     assert verdict.score is None and verdict.details.startswith("gold")

@@ -205,9 +205,8 @@ def test_micro_flywheel_end_to_end(home):
     from pipelines.definitions import RL_ROUND_JOB
 
     pool_1 = instance_rows(home, "task_pool")
-    assert (
-        pool_1["attempts"].sum() == 32 and 1 <= (pool_1["attempts"] > 0).sum() <= 8
-    )  # micro: 2 steps x 4 prompts x G=4
+    # micro: 2 steps x 4 prompts x G=4
+    assert pool_1["attempts"].sum() == 32 and 1 <= (pool_1["attempts"] > 0).sum() <= 8
     instance.add_dynamic_partitions(rl_rounds.name, ["2"])
     assert (
         build_definitions("micro", {})
@@ -285,9 +284,8 @@ def test_malformed_task_file_stops_at_training_tasks(home, tmp_path):
         and "row 3: field 'level': 9 is not a level of arithmetic" in message
     )
     instance = DagsterInstance.get()
-    assert (
-        instance.get_latest_materialization_event(AssetKey("benchmark_tasks")) is not None
-    )  # what was produced is kept
+    # what was produced is kept
+    assert instance.get_latest_materialization_event(AssetKey("benchmark_tasks")) is not None
     for downstream in ("training_tasks", "tokenizer", "sft_trajectories", "sft_checkpoint", "sft_benchmark_scores"):
         assert instance.get_latest_materialization_event(AssetKey(downstream)) is None, downstream
 
@@ -318,13 +316,14 @@ def test_benchmark_file_that_overlaps_training_is_stopped_naming_ids(home, tmp_p
         for i in range(40)
     ]
     bench = [
+        # train row 3, reworded
         {
             "task_id": "bench-1",
             "family": "arithmetic",
             "level": 1,
             "prompt": "Compute 13 + 4?",
             "answer": "17",
-        },  # train row 3, reworded
+        },
         {"task_id": "bench-2", "family": "arithmetic", "level": 1, "prompt": "compute 99+99\n", "answer": "198"},
     ]
     for name, rows in (("train.jsonl", train), ("bench.jsonl", bench)):
@@ -384,9 +383,8 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
     round_1 = outcome["rounds"][0]
     assert not round_1["promoted"] and round_1["blocked_by"].startswith("collapse early-warning")
     client = MlflowClient(f"sqlite:///{home}/mlflow.db")
-    assert (
-        client.get_model_version_by_alias("agentic-policy", "champion").tags["stage"] == "sft"
-    )  # the SFT version stays champion
+    # the SFT version stays champion
+    assert client.get_model_version_by_alias("agentic-policy", "champion").tags["stage"] == "sft"
     blocked = client.get_model_version("agentic-policy", round_1["version"])
     assert blocked.tags["promoted"] == "false" and blocked.tags["blocked_by"].startswith("collapse")
 

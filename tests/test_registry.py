@@ -24,9 +24,8 @@ def registry(tmp_path, monkeypatch, micro_cfg, tokenizer_and_tasks):
     v1 (pass@1 0.5), v2 (0.8: clearly better), v3 (0.75: not measurably better than v2),
     v4 (0.9, but its round was blocked by the collapse detector)."""
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
-    monkeypatch.delenv(
-        "MLFLOW_TRACKING_URI", raising=False
-    )  # mlflow.set_tracking_uri exports it; restored after the test
+    # mlflow.set_tracking_uri exports it; restored after the test
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("FLYWHEEL_PROFILE", "micro")
     from configs import load_profile
     from pipelines.registry import tracker_for

@@ -46,12 +46,13 @@ def test_processed_logprobs_apply_temperature_then_top_k_then_top_p():
     # softmax([2,1,0,-1]) = [.644, .237, .087, .032]: 0.85 of the mass needs the first two tokens
     nucleus = processed_logprobs(logits, Sampling(top_p=0.85)).exp()
     torch.testing.assert_close(nucleus[0], torch.tensor([p[0], p[1], 0.0, 0.0]))
+    # always keeps the argmax
     assert processed_logprobs(logits, Sampling(top_p=0.5)).exp()[0].tolist() == [
         1.0,
         0.0,
         0.0,
         0.0,
-    ]  # always keeps the argmax
+    ]
 
 
 def test_mismatch_and_truncated_importance_weights_hand_computed():
@@ -403,9 +404,8 @@ class ScriptedEngine:
 def test_tool_batches_of_one_turn_run_concurrently_and_a_crashing_tool_becomes_an_observation(warm_policy, micro_cfg):
     tok = warm_policy.tokenizer
     tasks = [tasks_of(warm_policy, "arithmetic", 1)[0], tasks_of(warm_policy, "search", 1)[0]]
-    barrier = threading.Barrier(
-        2, timeout=10
-    )  # breaks (and the call raises) if the two batches ran one after the other
+    # breaks (and the call raises) if the two batches ran one after the other
+    barrier = threading.Barrier(2, timeout=10)
     tools = {"code": BarrierTool("code", barrier), "search": BarrierTool("search", barrier)}
     episodes = run_episodes(ScriptedEngine(tok, tasks), tok, tasks, group_size=1, tools=tools, cfg=micro_cfg.rollout)
     assert [e.tool_calls[0]["result"] for e in episodes] == ["code ok\n", "search ok\n"]
@@ -497,9 +497,8 @@ def test_an_rl_round_on_vllm_logs_the_mismatch_every_step_and_syncs_weights(tis_
     )
     assert [h["step"] for h in result.history] == [1, 2, 3]
     for h in result.history:
-        assert h["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"], (
-            h
-        )  # after each sync, the engine serves the trainer's weights
+        # after each sync, the engine serves the trainer's weights
+        assert h["rollout/logprob_mismatch_max"] < MISMATCH_BOUND["vllm"], h
         assert h["rollout/logprob_mismatch_mean"] <= h["rollout/logprob_mismatch_max"]
         if h["rollout/trained_trajectories"]:
             assert h["perf/weight_sync_s"] >= 0

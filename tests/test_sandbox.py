@@ -169,11 +169,12 @@ for path in ({str(victim)!r}, {str(victim_dir / "new.txt")!r}, "/tmp/outside_scr
 """
         result = sandbox.run_python(code)
         assert result.ok, result.stderr
+        # the private /tmp is root's
         assert result.stdout.splitlines() == [
             f"DENIED victim.txt {errno.EROFS}",
             f"DENIED new.txt {errno.EROFS}",
             f"DENIED outside_scratch.txt {errno.EACCES}",
-        ]  # the private /tmp is root's
+        ]
         assert victim.read_text() == "original"
         assert sorted(p.name for p in victim_dir.iterdir()) == ["victim.txt"]
     finally:

@@ -29,6 +29,7 @@ def run_worker(out: Path, *args: str, nproc: int = 1, timeout: float = 420) -> d
         if nproc > 1
         else [sys.executable]
     )
+    # not this process's world
     proc = subprocess.run(
         [*launch, str(WORKER), *args, "--out", str(out)],
         capture_output=True,
@@ -36,7 +37,7 @@ def run_worker(out: Path, *args: str, nproc: int = 1, timeout: float = 420) -> d
         timeout=timeout,
         cwd=REPO,
         env={**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, "OMP_NUM_THREADS": "1"},
-    )  # not this process's world
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return torch.load(out, weights_only=False)
 

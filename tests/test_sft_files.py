@@ -38,15 +38,15 @@ def test_a_chat_messages_file_becomes_masked_trajectories(tok):
     policy = tok.decode([i for i, m in zip(first["completion_ids"], first["tool_mask"]) if m])
     tool = tok.decode([i for i, m in zip(first["completion_ids"], first["tool_mask"]) if not m])
     assert policy == "<code>print(47*38)</code><answer>1786</answer>" and tool == "<interpreter>1786\n</interpreter>"
+    # tags kept as written
     assert (
         rows[1]["completion"] == "<code>print(347*52-18)</code><interpreter>18026\n</interpreter><answer>18026</answer>"
-    )  # tags kept as written
+    )
     assert "<information>Quibble is an island" in rows[3]["completion"] and rows[3]["completion"].endswith(
         "<answer>Quiport</answer>"
     )
-    assert "careful assistant" not in tok.decode(
-        first["prompt_ids"]
-    )  # the profile's system prompt, as rollouts render it
+    # the profile's system prompt, as rollouts render it
+    assert "careful assistant" not in tok.decode(first["prompt_ids"])
 
 
 def test_a_malformed_file_names_every_row_and_field():

@@ -17,9 +17,8 @@ def test_a_family_named_by_module_is_registered_with_its_default_verifier():
     cfg = resolve_families(load_profile("micro", {"data.families.reverse": REVERSE}))
     assert get_family("reverse").tools == ("code",)
     assert cfg.reward.verifiers["reverse"].name == "exact_match"
-    assert (
-        cfg.reward.verifiers["arithmetic"] == load_profile("micro").reward.verifiers["arithmetic"]
-    )  # configured ones kept
+    # configured ones kept
+    assert cfg.reward.verifiers["arithmetic"] == load_profile("micro").reward.verifiers["arithmetic"]
 
 
 @pytest.mark.parametrize(

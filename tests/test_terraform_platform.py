@@ -550,13 +550,14 @@ def check_rbac_namespaced_and_minimal(layers: Layers) -> None:
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
+    # the multi-node launch's headless Service
     expected = (
         {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")}
         | {("batch", "jobs/status", "get")}
         | {("", "pods", v) for v in ("create", "get", "list", "watch", "delete")}
         | {("", "pods/log", "get"), ("", "pods/status", "get"), ("", "events", "list")}
         | {("", "services", v) for v in ("create", "delete")}
-    )  # the multi-node launch's headless Service
+    )
     assert granted == expected, (granted - expected, expected - granted)
     binding = platform.resource("kubernetes_role_binding_v1", "runner")
     assert binding["role_ref"][0] == {

@@ -142,16 +142,14 @@ def test_turn_stops_use_ids_for_single_token_tags_and_strings_otherwise(warm_pol
 def test_prompts_go_through_the_chat_template(warm_policy, split_policy):
     task = warm_policy.tasks[0]
     assert warm_policy.tokenizer.chat_template == PLAIN_TEMPLATE
-    assert (
-        render_prompt(warm_policy.tokenizer, task, None) == task["prompt"]
-    )  # scratch without a system prompt: the task's text
+    # scratch without a system prompt: the task's text
+    assert render_prompt(warm_policy.tokenizer, task, None) == task["prompt"]
     text = render_prompt(split_policy.tokenizer, task, "Tools: {tools}.")
     assert text.startswith("<|im_start|>system\nTools: to run Python, write the program between <code> and </code>")
     assert text.endswith(f"<|im_start|>user\n{task['prompt']}<|im_end|>\n<|im_start|>assistant\n")
     ids = prompt_ids(split_policy.tokenizer, task, None)
-    assert ids[0] == split_policy.tokenizer.convert_tokens_to_ids(
-        "<|im_start|>"
-    )  # the template's markers are single special ids
+    # the template's markers are single special ids
+    assert ids[0] == split_policy.tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
 def test_the_fast_path_and_the_string_path_give_the_same_episodes(warm_policy, micro_cfg):

@@ -140,9 +140,8 @@ def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, brows
     )
     try:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.goto(
-            f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle"
-        )  # global lineage: one node per group
+        # global lineage: one node per group
+        page.goto(f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle")
         page.get_by_text("benchmark", exact=True).first.wait_for(timeout=60_000)
         _dismiss_welcome(page)
         text = page.inner_text("body")
@@ -278,9 +277,8 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
         page.get_by_role("button", name="Save").click()
         launch = page.get_by_role("button", name="Launch 1 run")
         try:
-            launch.wait_for(
-                timeout=180_000
-            )  # the new partition is added, then selected (slow on a loaded 2-core CI machine)
+            # the new partition is added, then selected (slow on a loaded 2-core CI machine)
+            launch.wait_for(timeout=180_000)
         except Exception as exc:
             page.screenshot(path=str(SHOTS / "dagster-round-launch-failed.png"))
             raise AssertionError(

@@ -72,9 +72,8 @@ def test_question_files_become_search_tasks_with_aliases_and_their_held_out_rows
 
     assert run_verifier("exact_match", "The port of Mosport", task, {}).score == 1.0  # an alias, normalized
     assert run_verifier("exact_match", "Mosgate", task, {}).score == 0.0
-    assert token_f1("port Mosport", ["Mosport", "the port of Mosport"]) == pytest.approx(
-        0.8
-    )  # best alias: 2 of its 3 words
+    # best alias: 2 of its 3 words
+    assert token_f1("port Mosport", ["Mosport", "the port of Mosport"]) == pytest.approx(0.8)
     assert token_f1("Mosport city", ["Mosport"]) == pytest.approx(2 / 3) and exact_match("port", ["Mosport"]) == 0.0
 
 

@@ -189,9 +189,8 @@ class CollapseReport:
                 meta[f"{w.signal}/baseline"] = w.baseline
         if self.notes:
             meta["notes"] = "; ".join(self.notes)
-        return {
-            k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in meta.items()
-        }  # "nan": JSON-safe
+        # "nan": JSON-safe
+        return {k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in meta.items()}
 
 
 def _fmt(x: float | None) -> str:

@@ -149,6 +149,7 @@ def clear_stale_extension_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[P
     return removed
 
 
+# a process group's address and place
 DIST_ENV = (
     "RANK",
     "WORLD_SIZE",
@@ -157,7 +158,7 @@ DIST_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "GROUP_RANK",
-)  # a process group's address and place
+)
 
 
 def ensure_process_env() -> None:

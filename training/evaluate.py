@@ -68,9 +68,8 @@ def evaluate_policy(
                     "level": int(task["level"]),
                     "score": sum((s["outcome"] or 0.0) for _, s in pairs) / len(pairs),
                     "samples": len(pairs),
-                    "solved": sum(
-                        (s["outcome"] or 0.0) >= 1.0 for _, s in pairs
-                    ),  # for pass@k: every test passed, the answer right
+                    # for pass@k: every test passed, the answer right
+                    "solved": sum((s["outcome"] or 0.0) >= 1.0 for _, s in pairs),
                     "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
                     "turns": sum(r["turns"] for r, _ in pairs) / len(pairs),
                 }

@@ -86,9 +86,8 @@ def _tokenizer_size(path: Path) -> int:
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
         vocab = (spec.get("model") or {}).get("vocab") or {}
-        ids = (
-            list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
-        )  # Unigram: a list of [piece, score]
+        # Unigram: a list of [piece, score]
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
         ids += [token["id"] for token in spec.get("added_tokens") or []]
         return max(ids) + 1 if ids else 0
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as exc:

@@ -71,9 +71,8 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "float3
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(
-        out, safe_serialization=True
-    )  # config.json (with architectures), generation_config.json, model.safetensors
+    # config.json (with architectures), generation_config.json, model.safetensors
+    model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
     manifest = {
         "format": FORMAT,

@@ -66,9 +66,8 @@ class RoundResult:
     tier_stats: dict[str, TierStats] = field(default_factory=dict)  # the whole round's verification
     disagreements: int = 0
     resumed_from_step: int = 0  # 0: started fresh
-    policy: Any = field(
-        default=None, repr=False, compare=False
-    )  # the trained model with whole weights (set on return, never saved in state)
+    # the trained model with whole weights (set on return, never saved in state)
+    policy: Any = field(default=None, repr=False, compare=False)
 
 
 def informative_groups(rewards: list[float], group_ids: list[str]) -> torch.Tensor:
@@ -123,9 +122,8 @@ def unsolved_group_metrics(records: list[dict], scores: list[dict]) -> dict[str,
         groups.setdefault(r["group_id"], []).append((tuple(r["completion_ids"]), s["outcome"] or 0.0, s["reward"]))
     unsolved = {g: rows for g, rows in groups.items() if min(o for _, o, _ in rows) < 1.0}
     failed = [Counter(ids for ids, o, _ in rows if o < 1.0) for rows in unsolved.values()]
-    repeated = sum(
-        n for counts in failed for n in counts.values() if n > 1
-    )  # wrong trajectories echoed within their group
+    # wrong trajectories echoed within their group
+    repeated = sum(n for counts in failed for n in counts.values() if n > 1)
     stuck = sum(1 for rows in unsolved.values() if len({o for _, o, _ in rows}) == 1)  # every sample failed alike
     stds = [
         torch.tensor([rw for _, _, rw in rows]).std().item() if len(rows) > 1 else 0.0 for rows in unsolved.values()
@@ -351,9 +349,8 @@ def prepare_samples(
     if algo.drop_zero_variance_groups:
         # an all-zero advantage (e.g. a zero-variance group under GRPO) moves nothing but the normalizer
         trained = batch.select((batch.advantages != 0).any(dim=1))
-    if (
-        batch.old_logprobs is None and not trained
-    ):  # no update will measure them: the engine gap and KL as without reuse
+    # no update will measure them: the engine gap and KL as without reuse
+    if batch.old_logprobs is None and not trained:
         old, gap = trainer_gap(policy, batch.records, **passes, dp=dp)
         metrics |= gap
         if batch.ref_logprobs is not None:
@@ -697,9 +694,8 @@ def train_round(
     )
     if sampler is not None:
         sampler.to(engines["policy"].device).requires_grad_(False).eval()
-    model = (
-        sampler if sampler is not None else engines["policy"].model
-    )  # samples rollouts; the engine's module computes gradients
+    # samples rollouts; the engine's module computes gradients
+    model = sampler if sampler is not None else engines["policy"].model
     dp = DataParallel.current()
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     by_id = {t["task_id"]: t for t in tasks}

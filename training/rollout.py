@@ -64,13 +64,14 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
+# chat templates' end-of-message markers
 END_OF_TURN_TOKENS = (
     "<|im_end|>",
     "<|endoftext|>",
     "<|eot_id|>",
     "<|end|>",
     "</s>",
-)  # chat templates' end-of-message markers
+)
 
 
 @dataclass(frozen=True)
@@ -424,9 +425,8 @@ class _Loop:
                             self.record_observation(episode, name, args, result)
                             if episode.done or not submit(episode):
                                 live -= finish(episode)
-        except (
-            BaseException
-        ):  # after a failure too no session outlives the loop (and the tool batches in flight have finished)
+        # after a failure too no session outlives the loop (and the tool batches in flight have finished)
+        except BaseException:
             _end_sessions(engine, [key(e) for e in episodes], failing=True)
             raise
         _end_sessions(engine, [key(e) for e in episodes], failing=False)

@@ -218,9 +218,8 @@ class HFEngine:
         rows = [Generation([], []) for _ in range(B)]
         tails = [""] * B  # per row: the end of its text so far, long enough to hold a stop string's start
         keep_chars = max(map(len, stop_strings), default=1) - 1
-        last_chars = {
-            stop[-1] for stop in stop_strings
-        }  # a stop is completed only by a token holding its last character
+        # a stop is completed only by a token holding its last character
+        last_chars = {stop[-1] for stop in stop_strings}
         row_of = list(range(B))  # batch position -> row of `sequences` (positions shrink as rows stop)
         for step in range(max(budgets, default=0)):
             logp = processed_logprobs(logits, sampling)
@@ -276,9 +275,8 @@ def _vllm_environment() -> None:
     """vLLM's engine core in this process (no spawned engine process): the trainer's weights can
     then be loaded into it directly, and Dagster's step process owns no stray children."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault(
-        "VLLM_ALLOW_INSECURE_SERIALIZATION", "1"
-    )  # tensor-parallel workers get `vllm_internals.reload_from_folder` pickled
+    # tensor-parallel workers get `vllm_internals.reload_from_folder` pickled
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
@@ -366,9 +364,8 @@ class VLLMEngine:
     def from_model(cls, model, tokenizer, cfg: RolloutConfig, *, seed: int = 0, dtype: str = "float32") -> VLLMEngine:
         """Start on an in-memory model by saving it to a temporary HF folder first."""
         with tempfile.TemporaryDirectory(prefix="vllm-weights-") as folder:
-            save_engine_folder(
-                merged(model), tokenizer, Path(folder)
-            )  # LoRA adapters folded in: vLLM serves a plain model
+            # LoRA adapters folded in: vLLM serves a plain model
+            save_engine_folder(merged(model), tokenizer, Path(folder))
             return cls(folder, cfg, seed=seed, dtype=dtype)
 
     def _params(

@@ -77,9 +77,8 @@ def digest(what) -> str:
             h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     else:
         for e in what:
-            h.update(
-                json.dumps([e.prompt_ids, e.completion_ids, e.tool_mask], default=int).encode()
-            )  # ids may be numpy ints (parquet)
+            # ids may be numpy ints (parquet)
+            h.update(json.dumps([e.prompt_ids, e.completion_ids, e.tool_mask], default=int).encode())
     return h.hexdigest()
 
 

@@ -32,9 +32,8 @@ _SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻]+")
 _FROM_SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-")
 # Whitespace between digits joins two numbers into one ("1 2" is not 12) unless it separates
 # groups of three, as SI and many locales write 10 081.
-_SPLIT_DIGITS = re.compile(
-    r"(?<=[0-9.,eE])\s+(?=[0-9.,])|(?<=[0-9])\s+(?=[eE][-+]?[0-9])"
-)  # "14, 971", "86 .0", "48e 0"
+# "14, 971", "86 .0", "48e 0"
+_SPLIT_DIGITS = re.compile(r"(?<=[0-9.,eE])\s+(?=[0-9.,])|(?<=[0-9])\s+(?=[eE][-+]?[0-9])")
 _WHITESPACE = re.compile(r"\s")  # the common case has none: one cheap scan instead of the lookarounds
 _SPACED_GROUPS = re.compile(r"[-+]?[0-9]{1,3}(?: [0-9]{3})+(?:\.[0-9]+)?")
 

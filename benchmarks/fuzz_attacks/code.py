@@ -19,9 +19,11 @@ import re
 
 from benchmarks.fuzz_attacks import Attempt, World, answer, attack, demo_prefix, tag_game, tool_call, with_demo
 from environments.code import compile_solution, near_misses
+
+# which tests the verifier scores by default (its config, not its verdict)
 from verifiers.code_tests import (
     DEFAULT_GROUPS,
-)  # which tests the verifier scores by default (its config, not its verdict)
+)
 
 # --- the ground truth -------------------------------------------------------------------------------
 

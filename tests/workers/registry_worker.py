@@ -33,10 +33,11 @@ def main() -> int:
     tracker = resources_for(cfg)["tracker"]
     tracker.client()
     if args.command == "promote":
+        # torch and transformers (the gate's module): only where needed
         from pipelines.registry import (
             RegistryError,
             promote,
-        )  # torch and transformers (the gate's module): only where needed
+        )
     print("ready", flush=True)
     while not args.go.exists():
         time.sleep(0.005)
