@@ -80,17 +80,18 @@ def test_misuse_counts_each_kind():
             "<answer>1</answer>",
         ],
         10,
+        ("code",),
     )
     assert misuse_counts(c) == {"unknown": 1, "invalid": 1, "duplicate": 0}
-    c = Candidate(["<code>print(1)</code>", "<code>print(1)</code>", "<answer>1</answer>"], 10)
+    c = Candidate(["<code>print(1)</code>", "<code>print(1)</code>", "<answer>1</answer>"], 10, ("code",))
     assert misuse_counts(c)["duplicate"] == 1
 
 
 def test_overlong_is_dapo_soft_penalty():
-    shape = [overlong_term(Candidate([], n), max_tokens=100, buffer=20) for n in (80, 90, 100, 101)]
+    shape = [overlong_term(Candidate([], n, ("code",)), max_tokens=100, buffer=20) for n in (80, 90, 100, 101)]
     assert shape == [0.0, -0.5, -1.0, -1.0]
     with pytest.raises(ValueError, match="buffer"):
-        overlong_term(Candidate([], 1), max_tokens=10, buffer=10)
+        overlong_term(Candidate([], 1, ("code",)), max_tokens=10, buffer=10)
 
 
 # ---- defenses -------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ def test_fast_tier_rejects_before_the_verifier_runs():
 
     cascade = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="spy_equals")}))
     items = [
-        (Candidate([t], 5), TASK)
+        (Candidate([t], 5, ("code",)), TASK)
         for t in ("<answer>42</answer>", "<answer>1</answer><answer>2</answer>", "<answer> </answer>", "x")
     ]
     rewards = cascade.score_many(items)
@@ -146,7 +147,7 @@ def test_exception_inside_verifier_is_unscorable_not_reward():
         raise RecursionError("crafted input")
 
     cascade = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="raises_on_purpose")}))
-    r = cascade.score(Candidate(["<answer>42</answer>"], 5), TASK)
+    r = cascade.score(Candidate(["<answer>42</answer>"], 5, ("code",)), TASK)
     assert r.outcome is None and r.components["outcome"] == 0.0
     assert "RecursionError" in r.details["outcome"]
     assert cascade.metrics()["verifier/verify/unscorable"] == 1
@@ -158,7 +159,7 @@ def test_out_of_range_score_is_unscorable():
         return Verdict(2.0, "too generous")
 
     r = Cascade(RewardConfig(verifiers={"arithmetic": VerifierSpec(name="returns_two")})).score(
-        Candidate(["<answer>1</answer>"], 5), TASK
+        Candidate(["<answer>1</answer>"], 5, ("code",)), TASK
     )
     assert r.outcome is None
 
@@ -175,7 +176,7 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"reward.terms.politeness"):
         Cascade(RewardConfig(terms={"politeness": {"weight": 0.1, "cap": 0.1}}))
     with pytest.raises(ValueError, match="no verifier for task family 'chess'"):
-        Cascade(RewardConfig()).score(Candidate(["<answer>1</answer>"], 5), {**TASK, "family": "chess"})
+        Cascade(RewardConfig()).score(Candidate(["<answer>1</answer>"], 5, ("code",)), {**TASK, "family": "chess"})
 
 
 def test_strict_tier_overrides_and_counts_disagreements():
@@ -184,9 +185,9 @@ def test_strict_tier_overrides_and_counts_disagreements():
         strict=StrictTierConfig(verifiers={"arithmetic": VerifierSpec(name="numeric", params={"rel_tol": 0.0})}),
     )
     cascade = Cascade(cfg)
-    lenient_only = cascade.score(Candidate(["<answer>42.01</answer>"], 5), TASK)
-    exact = cascade.score(Candidate(["<answer>42</answer>"], 5), TASK)
-    wrong = cascade.score(Candidate(["<answer>7</answer>"], 5), TASK)
+    lenient_only = cascade.score(Candidate(["<answer>42.01</answer>"], 5, ("code",)), TASK)
+    exact = cascade.score(Candidate(["<answer>42</answer>"], 5, ("code",)), TASK)
+    wrong = cascade.score(Candidate(["<answer>7</answer>"], 5, ("code",)), TASK)
     assert (lenient_only.outcome, lenient_only.tier) == (0.0, "strict")
     assert (exact.outcome, exact.tier) == (1.0, "strict")
     assert wrong.tier == "verify"  # select=passed: the strict tier only sees rewarded candidates
@@ -196,7 +197,7 @@ def test_strict_tier_overrides_and_counts_disagreements():
 
 def test_strict_sampling_is_deterministic_by_key():
     cfg = RewardConfig(strict=StrictTierConfig(verifiers={"arithmetic": VerifierSpec(name="numeric")}, sample_rate=0.5))
-    items = [(Candidate(["<answer>42</answer>"], 5), TASK)] * 200
+    items = [(Candidate(["<answer>42</answer>"], 5, ("code",)), TASK)] * 200
     keys = [f"traj-{i}" for i in range(200)]
     first = [r.tier for r in Cascade(cfg).score_many(items, keys)]
     assert first == [r.tier for r in Cascade(cfg).score_many(items, keys)]

@@ -763,7 +763,7 @@ def test_a_verifier_raising_in_the_sandboxed_tier_is_unscorable_and_earns_nothin
         RewardConfig(verifiers={"arithmetic": VerifierSpec(name="fault_test_sandboxed_equals")}), sandbox, concurrency=4
     )
     answers = ["42", "41", "forty-two", "42"]
-    rewards = cascade.score_many([(Candidate([f"<answer>{a}</answer>"], 8), task) for a in answers])
+    rewards = cascade.score_many([(Candidate([f"<answer>{a}</answer>"], 8, ("code",)), task) for a in answers])
     assert [r.outcome for r in rewards] == [1.0, 0.0, None, 1.0]
     assert rewards[2].components["outcome"] == 0.0 and "raised KeyError" in rewards[2].details["outcome"]
     assert rewards[2].reward < rewards[1].reward + 1e-9, "a crash earns no more than a wrong answer"

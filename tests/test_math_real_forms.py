@@ -450,7 +450,7 @@ def test_a_boxed_answer_is_well_formed_and_rewarded_through_the_cascade():
     ]:
         turns = ["<code>print(347*29+18)</code>", f"I computed it. <answer>{body}</answer>"]
         candidate = Candidate(turns, num_policy_tokens=40, tools=("code",))
-        assert is_well_formed(turns) and format_term(candidate) == 1.0, body  # a box is not malformed
+        assert is_well_formed(turns, ("code",)) and format_term(candidate) == 1.0, body  # a box is not malformed
         breakdown = cascade.score(candidate, ARITHMETIC)
         assert breakdown.outcome == outcome, (body, breakdown.details)
         assert breakdown.components["format"] > 0, body

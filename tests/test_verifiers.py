@@ -38,12 +38,12 @@ def test_relative_tolerance():
 
 def test_protocol_parsing():
     assert extract_answers("<answer>1</answer> and <answer> 2 </answer>") == ["1", "2"]
-    assert is_well_formed(["<code>print(1)</code>", "<answer>1</answer>"])
-    assert is_well_formed(["<answer>1</answer>"])
-    assert not is_well_formed(["<answer>1</answer><answer>2</answer>"])
-    assert not is_well_formed(["<code>print(1)</code><answer>1</answer>"])
-    assert not is_well_formed(["<code>x</code>", "<code>y</code>"])
-    assert not is_well_formed([])
+    assert is_well_formed(["<code>print(1)</code>", "<answer>1</answer>"], ("code",))
+    assert is_well_formed(["<answer>1</answer>"], ("code",))
+    assert not is_well_formed(["<answer>1</answer><answer>2</answer>"], ("code",))
+    assert not is_well_formed(["<code>print(1)</code><answer>1</answer>"], ("code",))
+    assert not is_well_formed(["<code>x</code>", "<code>y</code>"], ("code",))
+    assert not is_well_formed([], ("code",))
 
 
 @pytest.mark.parametrize("text", ["1e9999999", "3/1e9999999", "1e-9999999", "1/2/3", "1/0"])

@@ -141,7 +141,7 @@ def parse_tool_calls(policy_text: str) -> list[tuple[str, str]]:
     return calls
 
 
-def is_well_formed(policy_turns: list[str], tools: tuple[str, ...] = ("code",)) -> bool:
+def is_well_formed(policy_turns: list[str], tools: tuple[str, ...]) -> bool:
     """Each turn but the last is exactly one call to an available tool, ending with its closing
     tag; the last turn is exactly one `<answer>…</answer>` and nothing after it. Text outside
     tags is allowed (reasoning)."""

@@ -26,7 +26,7 @@ class Candidate:
 
     policy_turns: list[str]
     num_policy_tokens: int
-    tools: tuple[str, ...] = ("code",)  # tools the task's family offers
+    tools: tuple[str, ...]  # tools the task's family offers (environments.family.tools_of)
 
     @property
     def text(self) -> str:
