@@ -21,7 +21,7 @@ from assets.sft import records
 from assets.tracking import MLflowTracker
 from configs import ConfigError, load_profile, parse_override
 from training.model import load_tokenizer
-from training.scoring import disagreements, reward_summary, score_records, tier_table
+from training.rl.scoring import disagreements, reward_summary, score_records, tier_table
 from verifiers.cascade import Cascade
 
 # The default audit, as a strict tier on every candidate: exact numeric equality for arithmetic (no

@@ -18,10 +18,10 @@ from assets.sft import load_checkpoint, records
 from assets.tracking import CHALLENGER, CHAMPION, ChampionChanged, MLflowTracker
 from environments.families import build_tools
 from environments.search import kb_from_rows
-from training.chat import prompt_ids
+from training.agent.chat import prompt_ids
+from training.agent.engines import build_rollout_engine
 from training.data_parallel import DataParallel
 from training.evaluate import evaluate_policy, gate_scores, promotion_decision, suite_summary, summarize
-from training.rollout_engines import build_rollout_engine
 from verifiers.cascade import Cascade
 
 

@@ -42,14 +42,14 @@ from assets.tracking import CHAMPION, MLflowTracker
 from configs.schema import CollapseConfig
 from environments.families import build_tools
 from environments.search import kb_from_rows
-from training.algorithms import resolve_algorithm
-from training.collapse import CollapseReport, detect_collapse
-from training.curriculum import pool_frame, pool_weights, update_history
 from training.data_parallel import DataParallel
 from training.lora import apply_lora, merged
 from training.model import save_checkpoint
-from training.rl_loop import RoundResult, train_round
-from training.scoring import reward_summary, tier_table
+from training.rl.algorithms import resolve_algorithm
+from training.rl.collapse import CollapseReport, detect_collapse
+from training.rl.curriculum import pool_frame, pool_weights, update_history
+from training.rl.loop import RoundResult, train_round
+from training.rl.scoring import reward_summary, tier_table
 from verifiers.cascade import Cascade, TierStats
 
 rl_rounds = DynamicPartitionsDefinition(name="rl_round")
@@ -84,7 +84,7 @@ CURVE_KEYS = [
     "actor/kl_ref",
     "rollout/tool_call_rate",
 ]
-# The early-warning signals (training/collapse.py), plotted together so a trend is visible at a glance.
+# The early-warning signals (training/rl/collapse.py), plotted together so a trend is visible at a glance.
 HEALTH_KEYS = [
     "actor/entropy",
     "reward/group_std_unsolved",

@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     from assets.resources import SandboxResource
     from environments.families import build_tools
     from environments.search import kb_from_rows
-    from training.algorithms import resolve_algorithm
-    from training.collapse import detect_collapse
+    from training.agent.engines import HFEngine
     from training.evaluate import evaluate_policy, mean_ci, paired_difference
     from training.model import load_policy, load_tokenizer
-    from training.rl_loop import train_round
-    from training.rollout_engines import HFEngine
+    from training.rl.algorithms import resolve_algorithm
+    from training.rl.collapse import detect_collapse
+    from training.rl.loop import train_round
     from verifiers.cascade import Cascade
 
     torch.set_num_threads(cfg.threads)

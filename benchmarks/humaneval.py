@@ -27,10 +27,10 @@ from configs import load_profile, parse_override  # noqa: E402
 from environments.families import build_tools  # noqa: E402
 from environments.family import resolve_families  # noqa: E402
 from environments.problem_files import load_problems  # noqa: E402
+from training.agent.engines import build_rollout_engine  # noqa: E402
 from training.data_parallel import DataParallel  # noqa: E402
 from training.model import load_policy, load_tokenizer  # noqa: E402
 from training.model_sources import resolve_pretrained  # noqa: E402
-from training.rollout_engines import build_rollout_engine  # noqa: E402
 
 
 def commit() -> str:

@@ -64,8 +64,7 @@ def child(vocab: int, rows: int, completion: int, chunk: int | None) -> dict:
 
     from configs.schema import ModelConfig
     from training.model import build_model
-    from training.rl_math import token_logprobs
-    from training.sequences import collate, completion_logits, completion_logprobs
+    from training.sequences import collate, completion_logits, completion_logprobs, token_logprobs
 
     torch.set_num_threads(2)
     cfg = ModelConfig(
@@ -126,8 +125,7 @@ def tiny_speed(repeats: int) -> list[dict]:
 
     from configs.schema import EngineConfig, ModelConfig
     from training.model import build_model
-    from training.rl_math import entropy_from_logits, token_logprobs
-    from training.sequences import collate, completion_logits, completion_logprobs
+    from training.sequences import collate, completion_logits, completion_logprobs, entropy_from_logits, token_logprobs
 
     torch.set_num_threads(2)
     cfg = ModelConfig(

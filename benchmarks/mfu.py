@@ -6,7 +6,7 @@
    fp32 and bf16, on every core torch may use.
 2. The steps, through the product's own code on synthetic data shaped like the `tiny` profile's:
    - SFT: `training.sft.train_sft` (batch 64 x 208 tokens; 16 x 208 at 20m/50m), timed per optimizer step;
-   - RL: `training.rl_loop.prepare_samples` (the trainer's old log-probs and the reference's: two
+   - RL: `training.rl.loop.prepare_samples` (the trainer's old log-probs and the reference's: two
      forward passes) and `run_update` (one optimizer step over the batch, GRPO's loss), 256
      trajectories (32 prompts x 8; 8 x 8 at 20m/50m) of 144 tokens.
    Model FLOPs: 6 N tokens for a training step, 2 N tokens for a forward pass, N = the parameters
@@ -124,9 +124,9 @@ def rl_steps(model, reference, cfg, steps: int) -> tuple[list[float], list[float
     """Seconds of prepare_samples (2 forward passes) and of run_update per step, and tokens per step."""
     import torch
 
-    from training.algorithms import resolve_algorithm
     from training.engines import build_engine
-    from training.rl_loop import policy_loss_fn, prepare_samples, run_update
+    from training.rl.algorithms import resolve_algorithm
+    from training.rl.loop import policy_loss_fn, prepare_samples, run_update
 
     rl, n = cfg.rl, cfg.rl.prompts_per_step * cfg.rl.group_size
     prompts, completions = (

@@ -76,10 +76,10 @@ def rl_batches(cfg, folder, tasks, box, prompts: int):
 
     from benchmarks.trl_side_by_side import step_tasks
     from environments.families import build_tools
+    from training.agent.engines import HFEngine
+    from training.agent.loop import run_episodes
     from training.model import load_policy, load_tokenizer
-    from training.rollout import run_episodes
-    from training.rollout_engines import HFEngine
-    from training.scoring import episode_record, score_records
+    from training.rl.scoring import episode_record, score_records
     from verifiers.cascade import Cascade
 
     policy, tok = load_policy(folder), load_tokenizer(folder)
@@ -103,9 +103,9 @@ def rl_batches(cfg, folder, tasks, box, prompts: int):
 def rl_update_s(cfg, policy, reference, tok, batches, budget: int | None) -> float:
     import torch
 
-    from training.algorithms import resolve_algorithm
     from training.engines import build_engine
-    from training.rl_loop import policy_loss_fn, prepare_samples, run_update
+    from training.rl.algorithms import resolve_algorithm
+    from training.rl.loop import policy_loss_fn, prepare_samples, run_update
 
     rl = cfg.rl.model_copy(update={"drop_zero_variance_groups": False})
     algo = resolve_algorithm(rl)

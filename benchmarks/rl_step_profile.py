@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/rl_step_profile.py [--sizes tiny,20m] [--steps 5] [--repeats 2] [--home /tmp/rollout-bench]
 
-Each size runs `training.rl_loop.train_round` itself: GRPO on the `tiny` profile (32 prompts x 8
+Each size runs `training.rl.loop.train_round` itself: GRPO on the `tiny` profile (32 prompts x 8
 samples per step), and `20m` with benchmarks/mfu.py's overrides (the same loop, 8 prompts x 8). The
 policy is warm-started (benchmarks/rollout_engines.py's `warm_model` and its cache: 400 SFT steps on
 teacher trajectories) so that it calls tools; the tools are the real ones (bubblewrap sandbox, BM25
@@ -255,7 +255,7 @@ def setup(size: str, sft_steps: int, home: Path, box) -> Policy:
 
 
 class RoundProbe:
-    """Timing wrappers for what train_round calls (training/rl_loop.py's module globals, patched
+    """Timing wrappers for what train_round calls (training/rl/loop.py's module globals, patched
     for one round), and the per-step records they fill."""
 
     WRAPPED = (
@@ -403,8 +403,8 @@ def profile_round(
     they held more than `busy_cores` cores on average is marked `contended` and made up for by one
     more step, up to `extra_steps` more. If fewer than `steps` steps ran clean, the contended
     ones are kept, and marked."""
-    from training import rl_loop
     from training.model import load_policy
+    from training.rl import loop as rl_loop
     from verifiers.cascade import Cascade
 
     if cfg.rollout.engine != "hf":

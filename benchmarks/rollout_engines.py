@@ -95,7 +95,7 @@ def agentic(
 ) -> tuple[int, float, float, float, list[int]]:
     import torch
 
-    from training.rollout import run_episodes
+    from training.agent.loop import run_episodes
 
     start = time.perf_counter()
     episodes = run_episodes(
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from configs.schema import SandboxConfig
     from environments.base import KnowledgeBase
     from environments.families import build_tools
-    from training.rollout_engines import HFEngine, Sampling, VLLMEngine
+    from training.agent.engines import HFEngine, Sampling, VLLMEngine
 
     torch.set_num_threads(2)
     args.home.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/scaling.py [--quick] [--axes size,group,batch,turns] [--steps 5] [--repeats 2] [--home /tmp/rollout-bench]
 
-The step is benchmarks/rl_step_profile.py's: `training.rl_loop.train_round` itself, on a warm-started
+The step is benchmarks/rl_step_profile.py's: `training.rl.loop.train_round` itself, on a warm-started
 policy (so that it calls tools), with the real tools and verifier cascade, every stage timed from
 outside. Each axis changes one thing from a base of 8 prompts x 8 samples, up to 4 turns, `tiny`:
 

@@ -231,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     from configs.schema import SandboxConfig
     from environments.base import KnowledgeBase
     from environments.families import build_tools
-    from training.curriculum import sample_prompts
-    from training.rollout import run_episodes
-    from training.rollout_engines import build_rollout_engine
-    from training.scoring import episode_record, score_records
+    from training.agent.engines import build_rollout_engine
+    from training.agent.loop import run_episodes
+    from training.rl.curriculum import sample_prompts
+    from training.rl.scoring import episode_record, score_records
     from verifiers.cascade import Cascade, merge_stats
 
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)

@@ -165,7 +165,7 @@ def _sandbox():
 def run_ours(job: dict, gate: Gate) -> None:
     import torch
 
-    import training.rl_loop as rl_loop
+    import training.rl.loop as rl_loop
     from configs import load_profile
     from environments.families import build_tools
     from training.model import load_policy, load_tokenizer
@@ -262,7 +262,7 @@ def run_trl(job: dict, gate: Gate) -> None:
     from configs import load_profile
     from environments.families import build_tools
     from training.model import load_policy, load_tokenizer
-    from training.scoring import score_records
+    from training.rl.scoring import score_records
     from training.tokenizer import tag_ids
     from verifiers.cascade import Cascade
     from verifiers.protocol import ANSWER_CLOSE, CODE_CLOSE, OBS_CLOSE, OBS_OPEN

@@ -307,13 +307,13 @@ class RolloutConfig(_Strict):
     system_prompt: str | None = Field(
         None,
         description="System message of every prompt (rollouts, SFT data, benchmarks), rendered with the "
-        "model's chat template (training/chat.py). `{tools}` is replaced by the task family's tool descriptions. "
+        "model's chat template (training/agent/chat.py). `{tools}` is replaced by the task family's tool descriptions. "
         "None: no system message (the scratch profiles: a model trained from zero needs no instructions).",
     )
 
 
 class CurriculumConfig(_Strict):
-    """Re-weighting of the task pool each round from measured pass rates (training/curriculum.py)."""
+    """Re-weighting of the task pool each round from measured pass rates (training/rl/curriculum.py)."""
 
     enabled: bool = True
     min_attempts: int = Field(
@@ -331,7 +331,7 @@ class CurriculumConfig(_Strict):
 
 
 class PPOConfig(_Strict):
-    """The critic of `rl.algorithm: ppo` (a value head on a copy of the policy, training/critic.py)."""
+    """The critic of `rl.algorithm: ppo` (a value head on a copy of the policy, training/rl/critic.py)."""
 
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
@@ -344,7 +344,7 @@ class PPOConfig(_Strict):
 
 class CollapseConfig(_Strict):
     """Early warnings (RAGEN's Echo Trap): entropy and within-group reward spread fall before reward
-    does. Thresholds are relative to the round's first steps (training/collapse.py)."""
+    does. Thresholds are relative to the round's first steps (training/rl/collapse.py)."""
 
     action: Literal["warn", "block"] = Field(
         "block", description="block: a flagged round's checkpoint is never promoted."
@@ -376,13 +376,13 @@ class CollapseConfig(_Strict):
 
 
 class RLConfig(_Strict):
-    """`algorithm` picks a registered preset (training/algorithms.py); any field left None takes
+    """`algorithm` picks a registered preset (training/rl/algorithms.py); any field left None takes
     the preset's value, a set field overrides it."""
 
     algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "ppo"] = (
         "grpo"
     )
-    # Names of registered functions in training/rl_math.py (a test keeps the lists equal).
+    # Names of registered functions in training/rl/math.py (a test keeps the lists equal).
     advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] | None = (
         None
     )

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from training.rl_loop import trainer_gap
-from training.rollout import run_episodes
-from training.rollout_engines import ContinuousEngine, Generation
-from training.scoring import episode_record
+from training.agent.engines import ContinuousEngine, Generation
+from training.agent.loop import run_episodes
+from training.rl.loop import trainer_gap
+from training.rl.scoring import episode_record
 from training.sequences import encode, encode_observation
 from verifiers.protocol import OBSERVATION_TAGS, first_stop
 

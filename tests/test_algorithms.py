@@ -10,10 +10,12 @@ import torch
 from configs import ConfigError, load_profile
 from configs.schema import RewardConfig, RLConfig
 from environments.tools import CodeInterpreter, toolbox
-from training.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
+from training.agent.engines import HFEngine
+from training.agent.loop import run_episodes
 from training.model import build_model
-from training.rl_batch import Sample
-from training.rl_loop import (
+from training.rl.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
+from training.rl.batch import Sample
+from training.rl.loop import (
     _first_spread_groups,
     informative_groups,
     on_policy_metrics,
@@ -25,10 +27,8 @@ from training.rl_loop import (
     token_rewards,
     train_round,
 )
-from training.rl_math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, gspo_loss, kl_penalty, ppo_clip_loss
-from training.rollout import run_episodes
-from training.rollout_engines import HFEngine
-from training.scoring import episode_record, score_records
+from training.rl.math import ADVANTAGE_ESTIMATORS, get_advantage_estimator, gspo_loss, kl_penalty, ppo_clip_loss
+from training.rl.scoring import episode_record, score_records
 from verifiers.cascade import Cascade
 
 
@@ -130,7 +130,7 @@ def test_bounds_are_validated_at_load_time_naming_the_field(field, bad, reason):
 def test_the_bounds_flow_from_the_config_to_the_loss(monkeypatch, algorithm, bounds, policy, kl):
     from types import SimpleNamespace
 
-    import training.rl_loop as rl_loop
+    import training.rl.loop as rl_loop
 
     # uniform logits over 4 tokens: every log-prob is -log 4 and every entropy log 4
     monkeypatch.setattr(
@@ -383,7 +383,7 @@ def test_a_strictly_on_policy_update_reuses_its_own_logprobs(rollout_batch, micr
 
 
 def test_ppo_advantages_are_per_token_and_zero_on_tool_output(rollout_batch):
-    from training.critic import critic_from_policy
+    from training.rl.critic import critic_from_policy
 
     policy, tok, records, scores = rollout_batch
     rl = RLConfig(algorithm="ppo", kl_coef=0.0)
@@ -497,7 +497,7 @@ def test_ppo_round_on_the_deepspeed_engine_matches_torch(tokenizer_and_tasks, mi
 
 
 def test_echo_trap_signals_count_only_unsolved_groups():
-    from training.rl_loop import unsolved_group_metrics
+    from training.rl.loop import unsolved_group_metrics
 
     records = [
         {"group_id": g, "completion_ids": ids}

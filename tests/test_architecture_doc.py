@@ -21,8 +21,10 @@ def _table_row(package: str) -> str:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_the_package_table_names_exactly_the_modules_of_each_package(package):
-    named = set(re.findall(r"`([a-z0-9_]+\.py)`", _table_row(package)))
-    on_disk = {p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
+    named = set(re.findall(r"`([a-z0-9_/]+\.py)`", _table_row(package)))
+    on_disk = {
+        p.relative_to(ROOT / package).as_posix() for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"
+    }
     assert not on_disk - named, (
         f"docs/architecture.md: {package}/ modules missing from its row: {sorted(on_disk - named)}"
     )
@@ -39,7 +41,8 @@ def _defines(path: Path, name: str) -> bool:
 def test_every_path_and_name_the_doc_cites_exists():
     missing = []
     for path, name in re.findall(r"`((?:[a-z_]+/)+[a-zA-Z0-9_.-]+\.py)(?:::([A-Za-z_][A-Za-z0-9_]*))?", DOC):
-        file = ROOT / path
+        # a path from the repository root, or (in the package table) from its package
+        file = next((f for f in [ROOT / path, *(ROOT / p / path for p in PACKAGES)] if f.exists()), ROOT / path)
         if not file.exists():
             missing.append(path)
         elif name and not _defines(file, name):

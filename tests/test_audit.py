@@ -4,7 +4,7 @@ import pandas as pd
 
 from configs.schema import RewardConfig, VerifierSpec
 from environments.arithmetic import answer_turn
-from training.scoring import disagreements, score_records
+from training.rl.scoring import disagreements, score_records
 from training.sequences import encode_segments
 from verifiers.cascade import Cascade
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from configs.schema import CollapseConfig
-from training.collapse import CollapseReport, CollapseWarning, detect_collapse, reward_drop_step, signal_series
+from training.rl.collapse import CollapseReport, CollapseWarning, detect_collapse, reward_drop_step, signal_series
 
 CFG = CollapseConfig(entropy_drop=0.5)  # baseline_steps 3, window 3; the rules, not the calibrated defaults
 

@@ -53,8 +53,8 @@ def test_config_choices_match_the_registries():
     from typing import get_args
 
     from configs.schema import RLConfig
-    from training.algorithms import ALGORITHMS
-    from training.rl_math import (
+    from training.rl.algorithms import ALGORITHMS
+    from training.rl.math import (
         ADVANTAGE_ESTIMATORS,
         AGG_MODES,
         KL_ESTIMATORS,

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from configs.schema import CurriculumConfig
-from training.curriculum import pool_weights, sample_prompts, task_weight, update_history
+from training.rl.curriculum import pool_weights, sample_prompts, task_weight, update_history
 
 
 def rows(task_id, outcomes, family="search", level=2):
@@ -67,7 +67,7 @@ def test_sampling_follows_weights_without_repeats():
 
 
 def test_pool_frame_lists_every_task_with_its_next_weight():
-    from training.curriculum import pool_frame
+    from training.rl.curriculum import pool_frame
 
     tasks = [{"task_id": t, "family": "code", "level": 1} for t in ("solved", "mixed", "new")]
     h = update_history([], rows("solved", [1] * 8, "code", 1) + rows("mixed", [1, 0] * 4, "code", 1), 1)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.rollout_engines import ContinuousEngine, HFEngine, RolloutEngine, VLLMEngine
-from training.vllm_internals import UnsupportedVLLMVersion, check_version
+from training.agent.engines import ContinuousEngine, HFEngine, RolloutEngine, VLLMEngine
+from training.agent.vllm_internals import UnsupportedVLLMVersion, check_version
 
 
 def test_the_hf_engine_is_a_batch_engine_only(warm_policy):

@@ -44,8 +44,8 @@ from training.engines import (
     resolve_precision,
     shard,
 )
-from training.rl_math import agg_loss, token_logprobs
-from training.sequences import completion_logits
+from training.rl.math import agg_loss
+from training.sequences import completion_logits, token_logprobs
 
 # DeepSpeed 0.19.8 calls torch's deprecated reduce_scatter_tensor / all_gather_into_tensor.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.distributed.*` is deprecated:FutureWarning")

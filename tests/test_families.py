@@ -7,7 +7,7 @@ from configs.schema import RewardConfig, TeacherConfig
 from environments.families import build_tools, generate_tasks, mixture_counts
 from environments.family import FAMILIES, get_family
 from environments.search import generate_kb
-from training.scoring import score_records
+from training.rl.scoring import score_records
 from training.tokenizer import train_tokenizer
 from training.trajectories import build_sft_trajectories, tokenizer_corpus
 from verifiers.cascade import Cascade

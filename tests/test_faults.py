@@ -40,8 +40,8 @@ from assets.retry import Backoff, StoreUnavailable, backoff_delays, call_with_re
 from assets.tracking import MLflowTracker, store_unavailable
 from configs.schema import RewardConfig, VerifierSpec
 from environments.tools import CodeInterpreter
-from training.rollout import RolloutEngineError, run_episodes
-from training.rollout_engines import Generation, HFEngine, VLLMEngine
+from training.agent.engines import Generation, HFEngine, VLLMEngine
+from training.agent.loop import RolloutEngineError, run_episodes
 from verifiers.base import Verdict, register
 from verifiers.cascade import Cascade
 from verifiers.sandbox import DEFAULT_UID_BASE, BubblewrapSandbox, SandboxLimits
@@ -596,7 +596,7 @@ def test_a_vllm_engine_closed_mid_batch_fails_the_rollout_ends_every_session_and
 
 
 def test_an_rl_step_whose_engine_dies_fails_naming_it_and_reports_nothing_of_that_step(warm_policy, micro_cfg):
-    from training.rl_loop import train_round
+    from training.rl.loop import train_round
 
     policy, armed, reported = copy.deepcopy(warm_policy.model), [], []
 
@@ -774,10 +774,10 @@ def test_an_unscorable_trajectory_moves_no_advantage_its_whole_group_leaves_the_
     tokenizer_and_tasks, micro_cfg, sandbox
 ):
     from configs.schema import RLConfig
-    from training.algorithms import resolve_algorithm
     from training.model import build_model
-    from training.rl_loop import prepare_samples
-    from training.scoring import episode_record, score_records
+    from training.rl.algorithms import resolve_algorithm
+    from training.rl.loop import prepare_samples
+    from training.rl.scoring import episode_record, score_records
 
     tok, tasks = tokenizer_and_tasks
     policy = build_model(micro_cfg.model, len(tok), tok.eos_token_id, seed=4)

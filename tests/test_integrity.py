@@ -224,9 +224,9 @@ def test_answer_in_a_tool_call_through_the_agent_loop(tokenizer_and_tasks, micro
     """The issue's reproduction: run_episodes with an engine that writes the answer into its code and
     stops, then score_records: nothing, though the interpreter did print the right answer."""
     from environments.families import build_tools
-    from training.rollout import run_episodes
-    from training.rollout_engines import Generation
-    from training.scoring import episode_record, score_records
+    from training.agent.engines import Generation
+    from training.agent.loop import run_episodes
+    from training.rl.scoring import episode_record, score_records
 
     tok, tasks = tokenizer_and_tasks
     task = tasks[0]

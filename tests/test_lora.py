@@ -4,10 +4,10 @@ from safetensors import safe_open
 
 from configs import load_profile
 from configs.schema import LoRAConfig, ModelConfig
+from training.agent.engines import HFEngine
+from training.agent.loop import run_episodes
 from training.lora import apply_lora, lora_summary, merged, trainable_parameters
 from training.model import build_model, load_policy, num_parameters, save_checkpoint
-from training.rollout import run_episodes
-from training.rollout_engines import HFEngine
 from training.sft import Example, sft_loss
 
 SMALL = ModelConfig(
@@ -143,7 +143,7 @@ def test_kv_cache_sampler_through_lora_matches_merged_and_full_forward(tokenizer
     assert [e.completion_ids for e in episodes] == [e.completion_ids for e in reference]
     assert sum(len(e.completion_ids) for e in episodes) >= 4 * 10
     # the trainer's recomputation (no cache, through the adapters) matches the sampler's log-probs
-    from training.rl_loop import recorded_logprobs
+    from training.rl.loop import recorded_logprobs
 
     rows = [
         {"prompt_ids": e.prompt_ids, "completion_ids": e.completion_ids, "tool_mask": e.tool_mask} for e in episodes
@@ -164,7 +164,7 @@ def test_rl_round_with_lora_moves_only_the_adapters(tokenizer_and_tasks, micro_c
     """The RL loop on a LoRA policy: sampling, the update through the engine, a saved merged checkpoint."""
     from configs.schema import RewardConfig
     from environments.tools import CodeInterpreter, toolbox
-    from training.rl_loop import train_round
+    from training.rl.loop import train_round
     from verifiers.cascade import Cascade
 
     tok, tasks = tokenizer_and_tasks

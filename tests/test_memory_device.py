@@ -24,8 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from configs.schema import EngineConfig, LoRAConfig, ModelConfig, RewardConfig, RLConfig
 from training import distributed_check as dc
 from training.engines import build_engine, resolve_device
-from training.rl_math import entropy_from_logits, token_logprobs
-from training.sequences import collate, completion_logits, completion_logprobs
+from training.sequences import collate, completion_logits, completion_logprobs, entropy_from_logits, token_logprobs
 
 pytestmark = pytest.mark.realmodel
 
@@ -237,7 +236,7 @@ def test_gradient_checkpointing_same_gradients_and_the_hf_engine_still_samples()
     """model.gradient_checkpointing: the decoder layers run again in the backward, the gradients do
     not change (<= 1e-5), and after an update the HF rollout engine samples from the same object
     with its KV cache exactly as from a twin trained without checkpointing."""
-    from training.rollout_engines import HFEngine, Sampling
+    from training.agent.engines import HFEngine, Sampling
 
     cfg = ModelConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
@@ -291,7 +290,7 @@ def no_cuda(monkeypatch):
 def test_cuda_without_cuda_is_an_error_naming_device(no_cuda, tmp_path):
     from assets.sft import load_checkpoint
     from configs.schema import SFTConfig
-    from training.rl_loop import train_round
+    from training.rl.loop import train_round
     from training.sft import Example, train_sft
 
     assert resolve_device("cpu") == torch.device("cpu")
@@ -356,7 +355,7 @@ def test_every_pass_runs_on_the_device_of_its_model(monkeypatch, tokenizer_and_t
     policy's device (rl.critic_device unset). So nothing takes its device from anywhere but the
     model it feeds or the config: on a GPU node, the same code puts each tensor on that GPU."""
     import training.engines as engines
-    import training.rl_loop as rl_loop
+    import training.rl.loop as rl_loop
     import training.sft as sft
     from environments.tools import CodeInterpreter, toolbox
     from training.model import build_model

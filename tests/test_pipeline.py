@@ -368,7 +368,7 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
     from mlflow import MlflowClient
 
     from pipelines.run import run_flywheel
-    from training.collapse import detect_collapse
+    from training.rl.collapse import detect_collapse
 
     overrides = {"rl.learning_rate": 0.05, "rl.steps_per_round": 16, "rl.kl_coef": 0.0, "sft.steps": 200}
     outcome = run_flywheel("micro", overrides)

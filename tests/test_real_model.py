@@ -53,7 +53,7 @@ def test_micro_flywheel_on_a_pretrained_qwen2_whose_tokenizer_splits_the_tags(ho
 def smol_vllm(smol_policy):
     from configs import load_profile
     from tests.conftest import smol_overrides
-    from training.rollout_engines import VLLMEngine
+    from training.agent.engines import VLLMEngine
 
     cfg = load_profile("micro", smol_overrides()).rollout
     engine = VLLMEngine.from_model(smol_policy.model, smol_policy.tokenizer, cfg, seed=0)
@@ -69,7 +69,7 @@ def test_real_model_rollouts_are_token_exact(kind, smol_policy, tmp_path, reques
     from configs import load_profile
     from tests.conftest import smol_overrides
     from tests.rollout_checks import check_token_exact
-    from training.rollout_engines import HFEngine
+    from training.agent.engines import HFEngine
 
     cfg = load_profile("micro", smol_overrides()).rollout
     engine = (

@@ -67,7 +67,7 @@ def test_killed_round_resumes_to_the_same_state(algorithm, tmp_path):
 
 
 def test_state_of_another_config_is_not_resumed(tmp_path):
-    from training.rl_loop import RoundResult, load_state, save_state
+    from training.rl.loop import RoundResult, load_state, save_state
 
     class Engine:
         def save_state(self, path):
@@ -82,11 +82,39 @@ def test_state_of_another_config_is_not_resumed(tmp_path):
     assert [p.name for p in tmp_path.glob("step-*")] == ["step-00004"]  # older states are pruned
 
 
+def test_state_written_by_code_that_has_moved_starts_the_loop_over(tmp_path, monkeypatch):
+    """A state whose pickled classes no longer import (a module renamed since, as training.rl_loop
+    became training.rl.loop) is not an error: the loop starts over, with a warning."""
+    import random
+    import sys
+
+    from training.rl.loop import RoundResult
+    from training.state import load_state, save_state
+
+    class Engine:
+        def save_state(self, path):
+            Path(path).mkdir(parents=True)
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "moved_module.py").write_text("class Record:\n    pass\n")
+    monkeypatch.syspath_prepend(str(code))
+    import moved_module
+
+    result = RoundResult(rollouts=[moved_module.Record()])
+    save_state(tmp_path / "state", 2, "key", {"policy": Engine()}, random.Random(0), torch.Generator(), result)
+    assert load_state(tmp_path / "state", "key")[1]["step"] == 2
+    (code / "moved_module.py").unlink()
+    monkeypatch.delitem(sys.modules, "moved_module")
+    with pytest.warns(UserWarning, match="written by another version of the code.*moved_module.*starts over"):
+        assert load_state(tmp_path / "state", "key") is None
+
+
 @pytest.mark.parametrize("damage", ["altered", "truncated", "missing", "extra"])
 def test_damaged_state_is_refused_naming_the_file(tmp_path, damage):
     import random
 
-    from training.rl_loop import RoundResult
+    from training.rl.loop import RoundResult
     from training.state import CorruptState, load_state, save_state
 
     class Engine:

@@ -1,11 +1,11 @@
-"""RolloutBatch: one step's trajectories kept aligned, filtered with one mask (training/rl_batch.py)."""
+"""RolloutBatch: one step's trajectories kept aligned, filtered with one mask (training/rl/batch.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from training.rl_batch import RolloutBatch
+from training.rl.batch import RolloutBatch
 
 
 def _rows(lengths, groups):

@@ -1,4 +1,4 @@
-"""Hand-computed checks for training/rl_math.py. Every expected number is derived in a comment."""
+"""Hand-computed checks for training/rl/math.py. Every expected number is derived in a comment."""
 
 import math
 
@@ -7,23 +7,22 @@ import torch
 
 from configs.registry import Registry, UnknownNameError
 from environments.family import FAMILIES
-from training.algorithms import ALGORITHMS
-from training.rl_math import (
+from training.rl.algorithms import ALGORITHMS
+from training.rl.math import (
     ADVANTAGE_ESTIMATORS,
     AGG_MODES,
     POLICY_LOSSES,
     agg_loss,
     agg_normalizers,
-    entropy_from_logits,
     gae_advantages,
     get_advantage_estimator,
     get_policy_loss,
     group_stats,
     kl_penalty,
     masked_mean,
-    token_logprobs,
     value_loss,
 )
+from training.sequences import entropy_from_logits, token_logprobs
 from verifiers import cascade  # noqa: F401  (registers every verifier)
 from verifiers.base import get_verifier
 from verifiers.shaping import get_term

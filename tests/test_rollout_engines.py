@@ -9,11 +9,11 @@ import torch
 
 from environments.tools import ToolResult
 from tests.rollout_checks import RecordingContinuousEngine, RecordingEngine, check_token_exact
-from training.rl_loop import trainer_gap
-from training.rl_math import logprob_mismatch, tis_weights
-from training.rollout import run_episodes
-from training.rollout_engines import ContinuousEngine, Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
-from training.scoring import episode_record
+from training.agent.engines import ContinuousEngine, Generation, HFEngine, Sampling, VLLMEngine, processed_logprobs
+from training.agent.loop import run_episodes
+from training.rl.loop import trainer_gap
+from training.rl.math import logprob_mismatch, tis_weights
+from training.rl.scoring import episode_record
 
 FAMILIES = ("arithmetic", "search", "code")
 # Documented bounds (docs/rollout.md): |log pi_trainer - log pi_engine| per policy token, fp32.
@@ -429,7 +429,7 @@ def test_tool_cores_run_the_code_on_their_own_cores_during_a_rollout_and_restore
     """rollout.tool_cores: the engine's thread and torch's threads on the first CPUs, the sandbox's
     workers (and the code they fork) on the last ones, for the rollout only."""
     from environments.tools import CodeInterpreter
-    from training.rollout import split_cores
+    from training.agent.loop import split_cores
 
     cpus = sorted(os.sched_getaffinity(0))
     code = CodeInterpreter(sandbox)
@@ -474,7 +474,7 @@ def test_an_rl_round_on_vllm_logs_the_mismatch_every_step_and_syncs_weights(tis_
     import copy
 
     from configs.schema import RewardConfig
-    from training.rl_loop import train_round
+    from training.rl.loop import train_round
     from verifiers.cascade import Cascade
 
     policy = copy.deepcopy(warm_policy.model)

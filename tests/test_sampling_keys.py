@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from training.rollout import run_episodes
-from training.rollout_engines import HFEngine
-from training.sampling_keys import episode_seed, inverse_cdf, turn_seed, uniforms
+from training.agent.engines import HFEngine
+from training.agent.loop import run_episodes
+from training.agent.sampling_keys import episode_seed, inverse_cdf, turn_seed, uniforms
 
 pytestmark = pytest.mark.scaleout
 

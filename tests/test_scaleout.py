@@ -186,7 +186,7 @@ def test_every_rank_writes_its_own_vllm_engine_folder(warm_policy, tmp_path, mon
     import transformers.distributed.mixin as mixin
     from transformers import AutoModelForCausalLM
 
-    from training.rollout_engines import save_engine_folder
+    from training.agent.engines import save_engine_folder
 
     monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
     monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)

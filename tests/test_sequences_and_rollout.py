@@ -6,11 +6,11 @@ import torch
 from configs.schema import RewardConfig
 from environments.arithmetic import answer_turn, code_turn
 from environments.tools import CodeInterpreter, toolbox
+from training.agent.engines import HFEngine
+from training.agent.loop import run_episodes
 from training.model import build_model
-from training.rl_math import token_logprobs
-from training.rollout import run_episodes
-from training.rollout_engines import HFEngine
-from training.scoring import episode_record, score_records
+from training.rl.math import token_logprobs
+from training.rl.scoring import episode_record, score_records
 from training.sequences import collate, completion_logits, encode, encode_observation, encode_segments, policy_spans
 from verifiers.cascade import Cascade
 from verifiers.protocol import OBSERVATION_TAGS

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.rollout_checks import check_token_exact
-from training.chat import PLAIN_TEMPLATE, prompt_ids, render_prompt
-from training.rollout import TurnStops, _Loop, run_episodes
-from training.rollout_engines import HFEngine, Sampling, VLLMEngine
+from training.agent.chat import PLAIN_TEMPLATE, prompt_ids, render_prompt
+from training.agent.engines import HFEngine, Sampling, VLLMEngine
+from training.agent.loop import TurnStops, _Loop, run_episodes
 from training.sequences import encode
 from verifiers.protocol import ANSWER_CLOSE, CODE_CLOSE, TURN_STOPS, first_stop
 
@@ -161,8 +161,8 @@ def test_the_fast_path_and_the_string_path_give_the_same_episodes(warm_policy, m
         loop = _Loop(
             warm_policy.tokenizer, warm_policy.tools, micro_cfg.rollout, Sampling.of(micro_cfg.rollout), fast_stops=fast
         )
-        from training.rollout import Episode
-        from training.sampling_keys import episode_seed
+        from training.agent.loop import Episode
+        from training.agent.sampling_keys import episode_seed
 
         eps = [
             Episode(

@@ -4,15 +4,15 @@ import torch
 from configs.schema import EngineConfig, RewardConfig, TeacherConfig
 from environments.arithmetic import generate_tasks
 from environments.tools import CodeInterpreter, toolbox
-from training.algorithms import resolve_algorithm
+from training.agent.engines import HFEngine
+from training.agent.loop import run_episodes
 from training.engines import build_engine
 from training.model import build_model
-from training.rl_batch import Sample
-from training.rl_loop import informative_groups, policy_loss_fn, run_update, train_round
-from training.rl_math import get_advantage_estimator, token_logprobs
-from training.rollout import run_episodes
-from training.rollout_engines import HFEngine
-from training.scoring import episode_record
+from training.rl.algorithms import resolve_algorithm
+from training.rl.batch import Sample
+from training.rl.loop import informative_groups, policy_loss_fn, run_update, train_round
+from training.rl.math import get_advantage_estimator, token_logprobs
+from training.rl.scoring import episode_record
 from training.sequences import collate, completion_logits
 from training.sft import Example, sft_loss, train_sft, warmup_cosine
 from training.trajectories import build_sft_trajectories
@@ -171,7 +171,7 @@ def test_generated_tasks_are_distinct_and_disjoint():
 
 
 def test_repeat_rate_counts_trajectories_identical_within_their_group():
-    from training.rl_loop import repeat_rate
+    from training.rl.loop import repeat_rate
 
     rows = [
         {"group_id": "a", "completion_ids": [1, 2]},

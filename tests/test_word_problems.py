@@ -25,7 +25,7 @@ from environments.arithmetic import (
 from environments.contamination import overlaps
 from environments.families import build_tools
 from environments.family import get_family
-from training.scoring import score_records
+from training.rl.scoring import score_records
 from training.tokenizer import train_tokenizer
 from training.trajectories import build_sft_trajectories, tokenizer_corpus
 from verifiers.cascade import Cascade

@@ -1,13 +1,13 @@
 """The data-parallel RL round's collectives: who rolls out what, and how ranks see the global batch.
 
-Under torchrun every rank runs the same round (`training/rl_loop.py`). The prompts of a step are
+Under torchrun every rank runs the same round (`training/rl/loop.py`). The prompts of a step are
 drawn identically on every rank (one seeded generator), each rank rolls out and verifies the whole
 groups `prompts[rank::world]` with its own engine, and `gather` then gives every rank the global
 batch in prompt order. From there each rank computes the same filtering (dynamic sampling), the
 same metrics (collapse signals are global) and the same advantages on whole groups; the per-token
 passes (old, reference log-probs, values) are split again (`map_sharded`); the update shards the
 batch over ranks through the training engine (ZeRO-2/3 reduce the gradients). Sampling is keyed
-to the episode (training/sampling_keys.py), so the global batch does not depend on the world size.
+to the episode (training/agent/sampling_keys.py), so the global batch does not depend on the world size.
 
 For a world of one every operation is the identity: the single-process round is the same code.
 """

@@ -25,7 +25,7 @@ from torch import Tensor
 from configs.schema import EngineConfig, ModelConfig
 from training.engines import CountFn, LossFn, TrainEngine, accumulate_step, build_engine, model_device, shard
 from training.model import build_model
-from training.rl_math import agg_loss, agg_normalizers, ppo_clip_loss
+from training.rl.math import agg_loss, agg_normalizers, ppo_clip_loss
 from training.sequences import collate, completion_logprobs, to_device
 
 VOCAB_SIZE = 64

@@ -14,9 +14,9 @@ from statistics import NormalDist
 from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
 from environments.tools import Tool
-from training.rollout import run_episodes
-from training.rollout_engines import RolloutEngine
-from training.scoring import episode_record, score_records
+from training.agent.engines import RolloutEngine
+from training.agent.loop import run_episodes
+from training.rl.scoring import episode_record, score_records
 from verifiers.cascade import Cascade
 
 

@@ -11,10 +11,39 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
+from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from training.rl_math import entropy_from_logits, token_logprobs
 from verifiers.protocol import OBSERVATION_TAGS
+
+
+# ------------------------------------------------ log-probs and entropy of given logits
+def _scaled_logits(logits: Tensor, temperature: float) -> Tensor:
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    # float32: bf16 log_softmax over a 150k vocab loses ~2 significant digits of log-prob,
+    # which is the same order as the ratios PPO clips on.
+    return logits.float() / temperature
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[ids], in float32. logits (..., V), ids (...) -> (...): a whole
+    (B, T, V) batch, or one chunk of (n, V) rows (training/sequences.py::completion_logprobs).
+
+    logits[:, t] must be the distribution that produced ids[:, t] (the caller does the shift).
+    The temperature must be the sampler's, or the ratio against vLLM's logprobs is biased.
+    Padding ids must be valid vocab indices (e.g. pad_token_id, not -100)."""
+    scaled = _scaled_logits(logits, temperature)
+    picked = scaled.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(scaled, dim=-1)  # avoids materialising a 2nd (B,T,V) tensor
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature), float32. (..., V) -> (...), e.g. (B, T, V) -> (B, T).
+    -inf logits (masked vocab) contribute 0 instead of 0 * -inf = NaN."""
+    logp = torch.log_softmax(_scaled_logits(logits, temperature), dim=-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, 0.0).sum(-1)
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -16,7 +16,7 @@ from configs.failpoints import failpoint
 from configs.schema import EngineConfig, SFTConfig
 from training.data_parallel import DataParallel
 from training.engines import accumulate_step, build_engine, model_device, shard
-from training.rl_math import agg_loss
+from training.rl.math import agg_loss
 from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
 

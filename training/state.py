@@ -9,6 +9,7 @@ import hashlib
 import json
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -100,7 +101,17 @@ def load_state(state_dir: Path | None, key: str) -> tuple[Path, dict] | None:
             f"resume state {folder} does not match its manifest ({'no manifest' if expected is None else 'files ' + ', '.join(damaged)}): "
             f"delete {state_dir} to start this loop over, then re-execute"
         )
-    loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state, checked above
+    try:
+        loop = torch.load(folder / "loop.pt", weights_only=False)  # our own file, written by save_state, checked above
+    except (
+        ModuleNotFoundError,
+        AttributeError,
+    ) as exc:  # its classes moved since (e.g. training.rl_loop -> training.rl.loop)
+        warnings.warn(
+            f"resume state {folder} was written by another version of the code ({exc}); the loop starts over",
+            stacklevel=2,
+        )
+        return None
     if loop["fingerprint"] != key:
         return None  # another config or run: never resume across them
     return folder, loop

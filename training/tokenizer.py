@@ -6,8 +6,8 @@ HF Qwen2 checkpoint: transformers' AutoTokenizer and vLLM rebuild the same token
 (a generic tokenizer class next to a `qwen2` config.json is silently replaced by Qwen2's
 pipeline on load). Every protocol tag is one special token: the agent loop's single-token fast
 path (a stop on `</code>` is a stop on one id). Real tokenizers split the tags, and the protocol
-works on their text (training/rollout.py). The tokenizer carries a chat template (PLAIN_TEMPLATE,
-training/chat.py) so that prompts take the same path as a pretrained model's.
+works on their text (training/agent/loop.py). The tokenizer carries a chat template (PLAIN_TEMPLATE,
+training/agent/chat.py) so that prompts take the same path as a pretrained model's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-from training.chat import PLAIN_TEMPLATE
+from training.agent.chat import PLAIN_TEMPLATE
 from verifiers.protocol import TAGS
 
 EOS = "<|endoftext|>"

@@ -15,7 +15,7 @@ from environments.families import demonstrations, mixture_counts, with_detours
 from environments.family import get_family
 from environments.sft_files import FileTrajectory, answer_text
 from environments.tools import Tool, ToolResult, wrap_observation
-from training.chat import prompt_ids
+from training.agent.chat import prompt_ids
 from training.sequences import encode_observation, encode_segments
 from verifiers.protocol import TOOL_TAGS
 

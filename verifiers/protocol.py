@@ -9,7 +9,7 @@ The policy writes `<code>…</code>` (generation stops at `</code>`), the enviro
 `<answer>…</answer>`. The search tool works the same way: `<search>query</search>`, then
 `<information>passages</information>` (Search-R1's format). Tags are text: a tokenizer may split
 them into several tokens (a real model's does), and a turn ends on the closing tag's *string*
-(`first_stop`; training/rollout.py). The scratch tokenizer makes each tag one token, a fast path.
+(`first_stop`; training/agent/loop.py). The scratch tokenizer makes each tag one token, a fast path.
 """
 
 from __future__ import annotations

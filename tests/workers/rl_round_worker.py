@@ -19,10 +19,10 @@ from configs import load_profile  # noqa: E402
 from configs.schema import EngineConfig, RewardConfig  # noqa: E402
 from environments.arithmetic import generate_tasks  # noqa: E402
 from environments.tools import CodeInterpreter, toolbox  # noqa: E402
-from training.algorithms import resolve_algorithm  # noqa: E402
 from training.data_parallel import DataParallel  # noqa: E402
 from training.model import build_model, load_policy, load_tokenizer  # noqa: E402
-from training.rl_loop import train_round  # noqa: E402
+from training.rl.algorithms import resolve_algorithm  # noqa: E402
+from training.rl.loop import train_round  # noqa: E402
 from training.sft import Example, train_sft  # noqa: E402
 from training.tokenizer import train_tokenizer  # noqa: E402
 from training.trajectories import tokenizer_corpus  # noqa: E402

@@ -1,6 +1,6 @@
 """One RL step's trajectories, row-aligned: what the step computes per trajectory and filters.
 
-`prepare_samples` (training/rl_loop.py) builds one `RolloutBatch` from the step's records and
+`prepare_samples` (training/rl/loop.py) builds one `RolloutBatch` from the step's records and
 scores (the plain dicts of the asset boundary, `scoring.episode_record` and `score_records`), adds
 the trainer's, the reference's and the critic's per-token passes as (B, W) tensors, and filters
 rows with one boolean mask (`select`), so nothing is kept aligned by index by hand. `samples()`

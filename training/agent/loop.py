@@ -1,4 +1,4 @@
-"""Multi-turn agent loop on token ids, over any rollout engine (training/rollout_engines.py).
+"""Multi-turn agent loop on token ids, over any rollout engine (training/agent/engines.py).
 
 A turn of an episode generates until a stop tag (`</code>`, `</search>`, `</answer>`), EOS or its
 budget. Tags are text: a turn ends at the token that completes a closing tag's string, whatever
@@ -29,9 +29,9 @@ from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
 from environments.family import tools_of
 from environments.tools import Tool, ToolResult
-from training.chat import prompt_ids
-from training.rollout_engines import ContinuousEngine, Generation, RolloutEngine, Sampling
-from training.sampling_keys import episode_seed, seeds_from, turn_seed
+from training.agent.chat import prompt_ids
+from training.agent.engines import ContinuousEngine, Generation, RolloutEngine, Sampling
+from training.agent.sampling_keys import episode_seed, seeds_from, turn_seed
 from training.sequences import encode, encode_observation
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS, TURN_STOPS, first_stop
 
@@ -48,7 +48,7 @@ class Episode:
     tool_calls: list[dict] = field(default_factory=list)
     turns: int = 0
     stop_reason: str | None = None
-    seed: int = 0  # keyed to (sampling key, task, sample index): training/sampling_keys.py
+    seed: int = 0  # keyed to (sampling key, task, sample index): training/agent/sampling_keys.py
 
     def turn_seed(self) -> int:
         """The seed of the turn that starts now (at this many completion tokens)."""
@@ -79,7 +79,7 @@ class TurnStops:
     """What ends a turn, as the engines take it. `strings`: the closing tags as text; `ids`: the
     tokenizer's end-of-sequence and end-of-message ids. When every closing tag is a single token
     of the tokenizer (the scratch one), `fast` moves the tags into `ids` and the engines stop on
-    ids alone (vLLM can then keep an episode's KV cache in a session, training/rollout_engines.py)."""
+    ids alone (vLLM can then keep an episode's KV cache in a session, training/agent/engines.py)."""
 
     ids: frozenset[int]
     strings: tuple[str, ...]
@@ -198,7 +198,7 @@ def run_episodes(
     batched call per turn; both record the same things the same way.
 
     Each episode samples from its own seed, a hash of (`sampling_key`, task id, sample index)
-    (training/sampling_keys.py), so its ids do not depend on which rank, batch or position it
+    (training/agent/sampling_keys.py), so its ids do not depend on which rank, batch or position it
     ran in. Without a `sampling_key`, one is drawn from `generator` (seed 0 if None)."""
     loop = _Loop(tokenizer, tools, cfg, Sampling.of(cfg, greedy=greedy, temperature=temperature))
     if sampling_key is None:

@@ -3,7 +3,7 @@
 Each step reads top to bottom: 1. generate (and refill, with dynamic sampling), 2. verify,
 3. reference log-probs, values and advantages, 4. update the critic and the policy, 5. log and
 checkpoint. What differs between GRPO, Dr.GRPO, RLOO, REINFORCE++, DAPO, GSPO and PPO is data
-(`training.algorithms.Algorithm`); the math lives in `training.rl_math`; gradients go through a
+(`training.rl.algorithms.Algorithm`); the math lives in `training.rl.math`; gradients go through a
 `training.engines` engine (plain torch or DeepSpeed). A round killed at any point resumes from its
 last state checkpoint and ends bitwise where an uninterrupted round ends (tests/test_resume.py).
 """
@@ -24,9 +24,8 @@ import torch
 from configs.failpoints import failpoint
 from configs.schema import EngineConfig, RLConfig, RolloutConfig
 from environments.tools import Tool
-from training.algorithms import Algorithm, resolve_algorithm
-from training.critic import critic_from_policy, token_values
-from training.curriculum import sample_prompts
+from training.agent.engines import build_rollout_engine
+from training.agent.loop import run_episodes
 from training.data_parallel import DataParallel
 from training.engines import (
     TrainEngine,
@@ -37,8 +36,11 @@ from training.engines import (
     resolve_device,
     shard,
 )
-from training.rl_batch import RolloutBatch, Sample, group_index, padded
-from training.rl_math import (
+from training.rl.algorithms import Algorithm, resolve_algorithm
+from training.rl.batch import RolloutBatch, Sample, group_index, padded
+from training.rl.critic import critic_from_policy, token_values
+from training.rl.curriculum import sample_prompts
+from training.rl.math import (
     TOKEN_ADVANTAGE_ESTIMATORS,
     agg_loss,
     get_advantage_estimator,
@@ -50,9 +52,7 @@ from training.rl_math import (
     tis_weights,
     value_loss,
 )
-from training.rollout import run_episodes
-from training.rollout_engines import build_rollout_engine
-from training.scoring import episode_record, score_records
+from training.rl.scoring import episode_record, score_records
 from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
 from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
@@ -663,7 +663,7 @@ def train_round(
     device: torch.device | str | None = None,
     gradient_checkpointing: bool = False,
 ) -> RoundResult:
-    """`task_weights`: the curriculum's sampling weight per task id (training/curriculum.py); None = uniform.
+    """`task_weights`: the curriculum's sampling weight per task id (training/rl/curriculum.py); None = uniform.
     `reference` may be None when the algorithm's kl_coef is 0. `state_dir`: where resumable state
     checkpoints go every `rl.checkpoint_every` steps (None: no checkpoints). `device`: the config's
     `device`, where the policy trains (None: where it is); the reference and the critic go to

@@ -39,8 +39,6 @@ __all__ = [
     "grpo_advantages",
     "dr_grpo_advantages",
     "rloo_advantages",
-    "token_logprobs",
-    "entropy_from_logits",
     "masked_mean",
     "kl_penalty",
     "agg_loss",
@@ -232,34 +230,6 @@ def value_loss(
 
 
 # --------------------------------------------------------------------------- token helpers
-def _scaled_logits(logits: Tensor, temperature: float) -> Tensor:
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    # float32: bf16 log_softmax over a 150k vocab loses ~2 significant digits of log-prob,
-    # which is the same order as the ratios PPO clips on.
-    return logits.float() / temperature
-
-
-def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / temperature)[ids], in float32. logits (..., V), ids (...) -> (...): a whole
-    (B, T, V) batch, or one chunk of (n, V) rows (training/sequences.py::completion_logprobs).
-
-    logits[:, t] must be the distribution that produced ids[:, t] (the caller does the shift).
-    The temperature must be the sampler's, or the ratio against vLLM's logprobs is biased.
-    Padding ids must be valid vocab indices (e.g. pad_token_id, not -100)."""
-    scaled = _scaled_logits(logits, temperature)
-    picked = scaled.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(scaled, dim=-1)  # avoids materialising a 2nd (B,T,V) tensor
-
-
-def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Entropy of softmax(logits / temperature), float32. (..., V) -> (...), e.g. (B, T, V) -> (B, T).
-    -inf logits (masked vocab) contribute 0 instead of 0 * -inf = NaN."""
-    logp = torch.log_softmax(_scaled_logits(logits, temperature), dim=-1)
-    p = logp.exp()
-    return -torch.where(p > 0, p * logp, 0.0).sum(-1)
-
-
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of x over mask==1 (over `dim`, or everything). An empty mask gives 0, not NaN."""
     m = _bool_mask(mask)

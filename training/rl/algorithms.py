@@ -1,9 +1,9 @@
-"""RL algorithms as registered combinations of the pure pieces in `training.rl_math`.
+"""RL algorithms as registered combinations of the pure pieces in `training.rl.math`.
 
 An algorithm is data, not code: which advantage estimator, which policy loss, how the per-token
 loss is aggregated, where the KL to the reference goes, and whether the batch is refilled after
 zero-variance groups are dropped (DAPO's dynamic sampling) or a critic is trained (PPO). The
-training loop (`training.rl_loop`) reads these fields and never branches on an algorithm's name.
+training loop (`training.rl.loop`) reads these fields and never branches on an algorithm's name.
 
 `rl.algorithm` picks a preset; any RLConfig field set explicitly overrides the preset's value
 (`rl.loss_agg_mode: seq_mean_token_mean` on top of `dapo`, say). Defaults follow the papers and
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from configs.registry import Registry
 from configs.schema import RLConfig
-from training.rl_math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_ADVANTAGE_ESTIMATORS
+from training.rl.math import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_ADVANTAGE_ESTIMATORS
 
 __all__ = ["Algorithm", "ALGORITHMS", "resolve_algorithm"]
 

@@ -12,7 +12,7 @@ The signals (`SIGNALS`), and why each threshold is relative to the round's own f
     actor/entropy               relative: value < entropy_drop × baseline. Entropy's level depends on
                                 the model, vocabulary and temperature; only its fall means anything.
 
-  The next three are measured on UNSOLVED groups only (some outcome below 1; training/rl_loop.py
+  The next three are measured on UNSOLVED groups only (some outcome below 1; training/rl/loop.py
   `unsolved_group_metrics`): a correct, confident policy repeats itself on tasks it has mastered,
   which is success, not collapse. Measured on all groups, they fired on every healthy tiny run.
 

@@ -7,7 +7,7 @@ import json
 
 from environments.base import task_view
 from environments.family import tools_of
-from training.rollout import Episode
+from training.agent.loop import Episode
 from training.sequences import policy_spans
 from verifiers.cascade import Cascade, TierStats, tier_metrics
 from verifiers.protocol import is_well_formed
