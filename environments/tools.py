@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from verifiers.protocol import OBSERVATION_TAGS
-
-if TYPE_CHECKING:  # the sandbox is injected; only its type is needed here
-    from verifiers.sandbox import Sandbox
+from verifiers.sandbox import Placeable, Sandbox
 
 
 @dataclass(frozen=True)
@@ -49,15 +47,14 @@ def toolbox(*tools: Tool) -> dict[str, Tool]:
 class CodeInterpreter:
     name = "code"
 
-    def __init__(self, sandbox: "Sandbox", max_chars: int = 64):
+    def __init__(self, sandbox: Sandbox, max_chars: int = 64):
         self.sandbox = sandbox
         self.max_chars = max_chars
 
     def set_cpus(self, cpus: set[int] | None) -> None:
         """Where the code runs (a sandbox that cannot be placed, e.g. Docker's, ignores it)."""
-        place = getattr(self.sandbox, "set_cpus", None)
-        if place is not None:
-            place(cpus)
+        if isinstance(self.sandbox, Placeable):
+            self.sandbox.set_cpus(cpus)
 
     def call_many(self, codes: list[str]) -> list[ToolResult]:
         """Run a batch of calls concurrently (the sandbox pools workers); order preserved."""

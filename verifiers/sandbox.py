@@ -129,6 +129,13 @@ class Sandbox(Protocol):
     def __exit__(self, *exc_info: object) -> None: ...
 
 
+@runtime_checkable
+class Placeable(Protocol):
+    """A sandbox (or a tool over one) whose code runs can be pinned to CPUs (rollout.tool_cores)."""
+
+    def set_cpus(self, cpus: set[int] | None) -> None: ...  # None: anywhere again
+
+
 def failure_result(reason: str, duration_s: float = 0.0) -> SandboxResult:
     return SandboxResult("", "", None, False, duration_s, f"sandbox_failure: {reason}")
 

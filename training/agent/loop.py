@@ -34,6 +34,7 @@ from training.agent.engines import ContinuousEngine, Generation, RolloutEngine, 
 from training.agent.sampling_keys import episode_seed, seeds_from, turn_seed
 from training.sequences import encode, encode_observation
 from verifiers.protocol import ANSWER_CLOSE, OBSERVATION_TAGS, TOOL_TAGS, TURN_STOPS, first_stop
+from verifiers.sandbox import Placeable
 
 
 @dataclass
@@ -249,7 +250,7 @@ def split_cores(tool_cores: int, tools: Mapping[str, Tool]) -> Iterator[set[int]
             f"rollout.tool_cores={tool_cores} leaves no core for the engine: this process may use {len(cpus)} CPUs {cpus}"
         )
     engine_cpus, tool_cpus = set(cpus[:-tool_cores]), set(cpus[-tool_cores:])
-    placeable = [tool for tool in tools.values() if hasattr(tool, "set_cpus")]
+    placeable = [tool for tool in tools.values() if isinstance(tool, Placeable)]
     threads = torch.get_num_threads()
     os.sched_setaffinity(0, engine_cpus)
     torch.set_num_threads(len(engine_cpus))
