@@ -1,5 +1,5 @@
 """Failpoints: named places where a test makes this process die exactly as `kill -9` would, to
-prove that a run killed there resumes (tests/test_kill_resume.py). The idea of fail-rs and gofail:
+prove that a run killed there resumes (tests/pipelines/test_kill_resume.py). The idea of fail-rs and gofail:
 a kill from outside lands wherever the process happens to be, while a failpoint lands inside the
 stage under test every time.
 

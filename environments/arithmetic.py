@@ -75,7 +75,7 @@ def task_id_for(expression: str) -> str:
     what makes decontamination a set difference. On level 5 too: two stories that ask for the
     same expression (another template, name, item or distractor) are one task, so no benchmark
     computation and its answer is ever trained on under another story. (No level-5 expression
-    has a level 1-4 shape, so the levels' ids never meet; tests/test_word_problems.py checks it.)"""
+    has a level 1-4 shape, so the levels' ids never meet; tests/environments/test_word_problems.py checks it.)"""
     return f"{FAMILY}-{hashlib.sha1(expression.encode()).hexdigest()[:12]}"
 
 

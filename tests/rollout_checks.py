@@ -1,5 +1,5 @@
-"""Checks shared by the engine tests on scratch and on real tokenizers (tests/test_rollout_engines.py,
-tests/test_text_protocol.py, tests/test_real_model.py)."""
+"""Checks shared by the engine tests on scratch and on real tokenizers (tests/training/test_rollout_engines.py,
+tests/training/test_text_protocol.py, tests/training/test_real_model.py)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ TINY_MODEL = ModelConfig(
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     # float64 (torch engine only: DeepSpeed refuses it) removes rounding noise, so invariance
-    # checks can be tight; see tests/test_engines.py.
+    # checks can be tight; see tests/training/test_engines.py.
     return build_model(TINY_MODEL, vocab_size=VOCAB_SIZE, eos_token_id=PAD_ID, seed=seed).to(dtype)
 
 

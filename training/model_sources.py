@@ -27,7 +27,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # name -> (file name in the model cache, its sha256). The pins are scripts/fetch_model.py's, repeated
-# because the images ship training/ and not scripts/ (tests/test_model_sources.py checks they agree).
+# because the images ship training/ and not scripts/ (tests/training/test_model_sources.py checks they agree).
 KNOWN_GGUF = {
     "smollm2-135m-instruct": (
         "SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -169,7 +169,7 @@ def completion_logprobs(
     """log pi(completion token), (B, C) float32, and with `with_entropy` also the entropy of each
     position's distribution, (B, C): `token_logprobs(completion_logits(...))` and
     `entropy_from_logits(...)` (same positions, temperature and padding; equal up to the rounding
-    of a head matmul cut into chunks, tests/test_memory_device.py), without their memory.
+    of a head matmul cut into chunks, tests/training/test_memory_device.py), without their memory.
 
     The model body runs once (through `model`'s own forward, so engine wrappers, autocast, ZeRO
     hooks and LoRA all apply) and hands over the hidden states its LM head would have read; the

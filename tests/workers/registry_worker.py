@@ -1,4 +1,4 @@
-"""One registry operation in its own process, so tests/test_concurrency.py can race several
+"""One registry operation in its own process, so tests/assets/test_concurrency.py can race several
 against the same MLflow sqlite store (FLYWHEEL_HOME/mlflow.db, profile micro).
 
     python tests/workers/registry_worker.py --go GO_FILE promote VERSION...        # `make promote`, through the gate

@@ -1,5 +1,5 @@
-"""Runs one small RL round (or SFT) in its own process, so tests/test_resume.py can SIGKILL it and
-tests/test_scaleout.py can run it on several ranks and compare with one:
+"""Runs one small RL round (or SFT) in its own process, so tests/training/test_resume.py can SIGKILL it and
+tests/training/test_scaleout.py can run it on several ranks and compare with one:
 
     python tests/workers/rl_round_worker.py --algorithm grpo --state-dir D --out result.pt
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/workers/rl_round_worker.py \

@@ -1,4 +1,4 @@
-"""One launch of an RL round partition in its own process, so tests/test_concurrency.py can start
+"""One launch of an RL round partition in its own process, so tests/assets/test_concurrency.py can start
 two launches of the same round at the same moment (on the shared FLYWHEEL_HOME instance).
 
     python tests/workers/round_launch_worker.py --round 1 --go GO_FILE --out result.json [--set key=value ...]

@@ -5,7 +5,7 @@ Each step reads top to bottom: 1. generate (and refill, with dynamic sampling), 
 checkpoint. What differs between GRPO, Dr.GRPO, RLOO, REINFORCE++, DAPO, GSPO and PPO is data
 (`training.rl.algorithms.Algorithm`); the math lives in `training.rl.math`; gradients go through a
 `training.engines` engine (plain torch or DeepSpeed). A round killed at any point resumes from its
-last state checkpoint and ends bitwise where an uninterrupted round ends (tests/test_resume.py).
+last state checkpoint and ends bitwise where an uninterrupted round ends (tests/training/test_resume.py).
 """
 
 from __future__ import annotations
@@ -577,7 +577,7 @@ def run_update(
     """`minibatches` optimizer steps over shuffled, disjoint minibatches (PPO's inner epoch). Each
     minibatch is split over ranks and micro-batches (at most `micro_batch_size` rows and
     `micro_batch_tokens` padded tokens, engine.*); the loss is normalized by its global counts, so
-    the update does not depend on how it is split (tests/test_engines.py)."""
+    the update does not depend on how it is split (tests/training/test_engines.py)."""
     engine.train()
     order = torch.randperm(len(samples), generator=generator).tolist()
     chunks = [order[i::minibatches] for i in range(minibatches) if order[i::minibatches]]

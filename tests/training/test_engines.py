@@ -50,7 +50,7 @@ from training.sequences import completion_logits, token_logprobs
 # DeepSpeed 0.19.8 calls torch's deprecated reduce_scatter_tensor / all_gather_into_tensor.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.distributed.*` is deprecated:FutureWarning")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
 FP32_ATOL = 0.1 * dc.LR
 FP64_ATOL = 1e-10

@@ -171,7 +171,7 @@ DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 @pytest.fixture
 def _restore_rank_env():
     """DeepSpeed makes this process a world of one through os.environ; later subprocesses must not
-    inherit that (as tests/test_engines.py)."""
+    inherit that (as tests/training/test_engines.py)."""
     saved = {k: os.environ.get(k) for k in DIST_ENV}
     yield
     for k, v in saved.items():
@@ -185,7 +185,7 @@ def _restore_rank_env():
 def test_zero3_trains_the_chunked_head_like_the_torch_engine(_restore_rank_env):
     """ZeRO-3 partitions the head's weight; the chunks call the head module, whose hooks gather it
     (also when the backward recomputes a chunk). 4-token chunks on DeepSpeed ZeRO-3 against one
-    whole-logits chunk on the torch engine: tests/test_engines.py's fp32 tolerance."""
+    whole-logits chunk on the torch engine: tests/training/test_engines.py's fp32 tolerance."""
     reference, reference_state = dc.run_check(EngineConfig(logit_chunk_tokens=None), steps=3)
     chunked, state = dc.run_check(
         EngineConfig(kind="deepspeed", zero_stage=3, micro_batch_size=2, logit_chunk_tokens=4), steps=3

@@ -19,8 +19,8 @@ import yaml
 
 from assets.locks import Busy, exclusive
 
-REPO = Path(__file__).resolve().parents[1]
-WORKERS = Path(__file__).parent / "workers"
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).parents[1] / "workers"
 TASKS = [f"t{i}" for i in range(60)]
 # The micro profile, cut further: the round test runs the foundation and a round in well under a minute.
 FAST = {

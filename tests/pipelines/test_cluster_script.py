@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import CLUSTER_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 FLYWHEEL_ENV = {k: v for k, v in CLUSTER_ENV.items() if k != "DAGSTER_PG_PASSWORD"}
 

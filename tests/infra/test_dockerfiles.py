@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 IMAGES = ("trainer", "dagster", "sandbox")
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"

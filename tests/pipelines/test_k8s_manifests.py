@@ -28,7 +28,7 @@ from tests.terraform_support import module
 
 pytestmark = pytest.mark.scaleout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cluster_profile(overrides: dict | None = None):

@@ -1,6 +1,6 @@
 """Crash-safe artifacts (assets/artifacts.py): atomic folder writes, manifests, verification.
 
-The S3 side of the same checks is in tests/test_storage.py (a local moto server)."""
+The S3 side of the same checks is in tests/assets/test_storage.py (a local moto server)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from assets.artifacts import (
     write_bytes,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write_checkpoint(folder: Path, weights: bytes = b"\x01" * 4096) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-artifacts" / "ui"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 RL_GROUP = [

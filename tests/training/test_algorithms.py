@@ -452,7 +452,7 @@ def test_every_algorithm_runs_a_round(name, tokenizer_and_tasks, micro_cfg, sand
 
 def test_ppo_round_on_the_deepspeed_engine_matches_torch(tokenizer_and_tasks, micro_cfg, sandbox):
     """Policy and critic on DeepSpeed ZeRO-2 (one process, gloo): same rollouts, same losses and
-    weights within the engines' fp32 tolerance (tests/test_engines.py)."""
+    weights within the engines' fp32 tolerance (tests/training/test_engines.py)."""
     from configs.schema import EngineConfig
 
     tok, tasks = tokenizer_and_tasks

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TERRAFORM_DIR = ROOT / "infra" / "terraform"
 DOCKER_DIR = ROOT / "docker"
 CHECKOV = ROOT / ".venv-tools" / "bin" / "checkov"

@@ -221,7 +221,7 @@ def test_a_corpus_an_sft_file_and_a_problem_file_from_s3(s3_bucket):
     from environments.sft_files import load_sft_file
     from environments.task_files import TaskFileError
 
-    repo = Path(__file__).resolve().parents[1] / "examples"
+    repo = Path(__file__).resolve().parents[2] / "examples"
     for name in ("search/corpus.jsonl", "sft/trajectories.jsonl"):
         with fsspec.open(f"{s3_bucket}/{name}", "wb") as f:
             f.write((repo / name).read_bytes())

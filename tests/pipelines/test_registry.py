@@ -14,7 +14,7 @@ import torch
 from pipelines.registry import main
 from training.model import build_model, save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = [f"t{i}" for i in range(60)]
 
 

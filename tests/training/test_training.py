@@ -11,9 +11,9 @@ from training.model import build_model
 from training.rl.algorithms import resolve_algorithm
 from training.rl.batch import Sample
 from training.rl.loop import informative_groups, policy_loss_fn, run_update, train_round
-from training.rl.math import get_advantage_estimator, token_logprobs
+from training.rl.math import get_advantage_estimator
 from training.rl.scoring import episode_record
-from training.sequences import collate, completion_logits
+from training.sequences import collate, completion_logits, token_logprobs
 from training.sft import Example, sft_loss, train_sft, warmup_cosine
 from training.trajectories import build_sft_trajectories
 from verifiers.cascade import Cascade
@@ -201,6 +201,6 @@ def test_sft_through_deepspeed_matches_torch_and_micro_batching(sft_rows, tokeni
     reference, history = finals["torch"]
     for label in ("torch-micro4", "zero2", "zero3"):  # ZeRO-3 partitioned the weights; train_sft gives them back whole
         params, other = finals[label]
-        # fp32 + Adam: see tests/test_engines.py for the tolerance
+        # fp32 + Adam: see tests/training/test_engines.py for the tolerance
         assert (params - reference).abs().max() < 1e-4, label
         assert [h["loss/sft"] for h in other] == pytest.approx([h["loss/sft"] for h in history], rel=1e-4)

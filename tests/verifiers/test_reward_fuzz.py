@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.fuzz_attacks import ATTACKS  # noqa: E402
 from benchmarks.reward_fuzz import FuzzConfig, run_fuzz  # noqa: E402

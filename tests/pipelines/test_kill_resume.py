@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # three round steps with a state checkpoint after each, SFT state every 5 of its 20 steps
 SETTINGS = [
     "--profile",

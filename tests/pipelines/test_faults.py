@@ -9,7 +9,7 @@
 | sandbox pool exhaustion | more concurrent calls than workers, and a worker killed while calls queue |
 | verifier exceptions | a sandboxed verifier that raises on some outputs |
 
-The disk-full write is in tests/test_artifacts.py; the kill of a whole step in tests/test_kill_resume.py.
+The disk-full write is in tests/assets/test_artifacts.py; the kill of a whole step in tests/pipelines/test_kill_resume.py.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from verifiers.cascade import Cascade
 from verifiers.sandbox import DEFAULT_UID_BASE, BubblewrapSandbox, SandboxLimits
 from verifiers.shaping import Candidate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Sandbox pools of this file run as uids of their own (see tests/test_sandbox.py).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Sandbox pools of this file run as uids of their own (see tests/verifiers/test_sandbox.py).
 _uid_bases = itertools.count(DEFAULT_UID_BASE + 5_000_000 + os.getpid() % 100_000 * 40, 4)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-WORKER = Path(__file__).parent / "workers" / "rl_round_worker.py"
+WORKER = Path(__file__).parents[1] / "workers" / "rl_round_worker.py"
 DETERMINISTIC = lambda key: not key.startswith("perf/") and "latency" not in key and "seconds" not in key  # noqa: E731
 
 

@@ -22,7 +22,7 @@ from training.model_sources import FORMAT, KNOWN_GGUF, import_gguf, model_cache_
 
 pytestmark = pytest.mark.realmodel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FETCH_SCRIPT = ROOT / "scripts" / "fetch_model.py"
 NAME = "smollm2-135m-instruct"
 

@@ -16,7 +16,7 @@ from dagster._core.instance.config import dagster_instance_config
 from configs import load_profile
 from pipelines.instance import LOCAL_SETTINGS, cluster_settings, instance_yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cluster_instance_is_postgres_backed_and_passes_dagsters_schemas(tmp_path, monkeypatch, cluster_env):

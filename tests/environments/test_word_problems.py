@@ -167,7 +167,7 @@ def test_alternative_detour_is_the_first_operation():
 
 
 def test_teacher_demonstrations_verify_through_the_interpreter_and_math_verifier(sandbox):
-    """As tests/test_families.py does for every family: the teacher's own `correct` flag equals the
+    """As tests/environments/test_families.py does for every family: the teacher's own `correct` flag equals the
     reward cascade's outcome on the tokenized trajectory, the tool calls run in the real sandbox."""
     word = generate_tasks(40, seed=5, split="train", levels=(WORD_LEVEL,))
     mixed = word + generate_tasks(20, seed=5, split="train")

@@ -40,7 +40,7 @@ from verifiers.sandbox_service import TOKEN_ENV, _process_alive  # noqa: E402
 from verifiers.sandboxes import make_sandbox  # noqa: E402
 from verifiers.shaping import Candidate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = secrets.token_hex(16)
 MAX_BYTES, MAX_BATCH, MAX_PENDING = 64 * 1024, 8, 16
 LIMITS = SandboxLimits(timeout_s=1.0, cpu_s=1)  # what the services below run with (--timeout-s 1)

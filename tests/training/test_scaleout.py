@@ -18,7 +18,7 @@ from training.data_parallel import DataParallel, interleave
 from training.engines import DIST_ENV
 
 pytestmark = pytest.mark.scaleout
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "workers" / "rl_round_worker.py"
 TOLERANCE = 1e-5
 

@@ -31,7 +31,7 @@ from verifiers.sandbox import (  # noqa: E402  (after the module-level skip)
 
 pytestmark = pytest.mark.integrity
 
-# Uids of their own (see tests/test_sandbox.py): RLIMIT_NPROC counts per uid, host-wide.
+# Uids of their own (see tests/verifiers/test_sandbox.py): RLIMIT_NPROC counts per uid, host-wide.
 _uid_bases = itertools.count(DEFAULT_UID_BASE + 20_000_000 + os.getpid() % 100_000 * 100, 4)
 
 

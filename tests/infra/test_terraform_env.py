@@ -4,13 +4,13 @@ environment whose outputs the `cluster` profile consumes, checked offline.
 Three layers, cheapest first:
 * `check_*` functions over the python-hcl2 parse of the environment, the modules, the backend and
   tfvars examples (wiring, least privilege, the flywheel_env contract with the app). As in
-  tests/test_terraform_data.py, `test_check_catches` breaks a parsed copy one way at a time and
+  tests/infra/test_terraform_data.py, `test_check_catches` breaks a parsed copy one way at a time and
   requires the matching check to fail, so no check passes vacuously.
 * `terraform validate` of the environment and of every module, from the local provider mirror,
   and of scratch copies with a broken reference, which must fail.
 * `terraform test` of the environment (tests/plan.tftest.hcl): a full plan against a mocked AWS
   provider, which finds what validate cannot (for_each keys unknown until apply, checks).
-Variable validations run through `terraform console`, as in tests/test_terraform_cluster.py.
+Variable validations run through `terraform console`, as in tests/infra/test_terraform_cluster.py.
 """
 
 from __future__ import annotations

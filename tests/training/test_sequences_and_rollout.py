@@ -9,9 +9,16 @@ from environments.tools import CodeInterpreter, toolbox
 from training.agent.engines import HFEngine
 from training.agent.loop import run_episodes
 from training.model import build_model
-from training.rl.math import token_logprobs
 from training.rl.scoring import episode_record, score_records
-from training.sequences import collate, completion_logits, encode, encode_observation, encode_segments, policy_spans
+from training.sequences import (
+    collate,
+    completion_logits,
+    encode,
+    encode_observation,
+    encode_segments,
+    policy_spans,
+    token_logprobs,
+)
 from verifiers.cascade import Cascade
 from verifiers.protocol import OBSERVATION_TAGS
 
