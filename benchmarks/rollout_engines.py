@@ -13,7 +13,7 @@ episodes again with every tool result replayed from (2) (same seed, so the same 
 loop, turns and observation prefill without the tools' own CPU, which on a 2-core machine
 competes with the engine's threads. (2)/(1) vs (2')/(1) splits the overhead between the two. Engine start-up (HF: model load; vLLM: `LLM(...)`) and one vLLM
 weight sync are timed too. The models are warm-started (short SFT on teacher trajectories,
-training/warm_start.py) so they call tools; the tool-call rate is reported next to each figure.
+benchmarks/warm_start.py) so they call tools; the tool-call rate is reported next to each figure.
 With --tool-cores 0,1 each vLLM engine's agent loop runs both without and with a core kept for the
 tool processes (rollout.tool_cores); pure generation always uses every core.
 Writes benchmarks/results/rollout-engines.{json,md} (rollout-engines-replay.{json,md} with --replay-tools).
@@ -55,9 +55,9 @@ DATA = {
 
 def warm_model(size: str, sft_steps: int, home: Path, sandbox):
     """The size's warm-started policy, cached in `home` (a folder per size and step count)."""
+    from benchmarks.warm_start import warm_started_policy
     from configs import load_profile
     from training.model import load_policy, load_tokenizer, num_parameters, save_checkpoint
-    from training.warm_start import warm_started_policy
 
     cfg = load_profile("tiny", {**DATA, **SIZES[size]})
     folder = home / f"{size}-sft{sft_steps}"

@@ -42,7 +42,7 @@ def sandbox():
 @pytest.fixture(scope="session")
 def warm_policy(micro_cfg, sandbox):
     """The micro model after a short SFT on all three families: it calls every tool (~10 s)."""
-    from training.warm_start import warm_started_policy
+    from benchmarks.warm_start import warm_started_policy
 
     return warm_started_policy(micro_cfg, sandbox, sft_steps=200)
 
@@ -51,7 +51,7 @@ def warm_policy(micro_cfg, sandbox):
 def split_policy(micro_cfg, sandbox):
     """The micro model trained the same way on a tokenizer shaped like a real instruct model's
     (ChatML template, a system prompt, `</code>` as three tokens): the text-tag protocol's path."""
-    from training.warm_start import warm_started_policy
+    from benchmarks.warm_start import warm_started_policy
 
     # a short system prompt: the micro tokenizer spends a token on every few characters
     cfg = micro_cfg.model_copy(
@@ -102,8 +102,8 @@ def smol_overrides() -> dict:
 def smol_policy(sandbox, smollm2_folder):
     """SmolLM2-135M-Instruct after a few SFT steps on arithmetic demonstrations (~1.5 min): enough
     to write `<code>…</code>` calls in its own tokens (its tokenizer splits every tag in three)."""
+    from benchmarks.warm_start import warm_started_policy
     from configs import load_profile
-    from training.warm_start import warm_started_policy
 
     # the SFT under autocast; the policy's log-probs are then compared in fp32
     cfg = load_profile(

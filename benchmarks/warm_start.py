@@ -1,4 +1,5 @@
-"""A small policy that has learned the tool-call protocol, built in seconds to minutes.
+"""A small policy that has learned the tool-call protocol, built in seconds to minutes (a helper of
+the engine tests and the rollout benchmark, not part of the product).
 
 An untrained model almost never closes a tool tag, so it cannot exercise multi-turn rollouts.
 Engine tests and the rollout benchmark need a model that calls every family's tools; this builds
