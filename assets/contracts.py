@@ -295,19 +295,38 @@ def _ge_frame(contract: str, df: pd.DataFrame, derived: pd.DataFrame) -> pd.Data
     return pd.DataFrame(data, index=df.index)
 
 
+def _registered_families() -> tuple[tuple[str, ...], int]:
+    """The task families registered now (the built-in ones, and those a config's modules added)
+    and the highest level any of them has."""
+    import environments  # noqa: F401, PLC0415 (registers the built-in families; only task contracts need it)
+    from environments.family import FAMILIES, get_family  # noqa: PLC0415
+
+    names = tuple(FAMILIES.names())
+    return names, max(max(get_family(n).levels) for n in names)
+
+
+def _checks_families(contract: str) -> bool:
+    return any(c.value_set == FAMILIES_PLACEHOLDER or c.max_value == MAX_LEVEL_PLACEHOLDER for c in SPECS[contract])
+
+
 def validate_contract(
     contract: str,
     df: pd.DataFrame,
     *,
-    families: Iterable[str] = ("arithmetic",),
-    max_level: int = 4,
+    families: Iterable[str] | None = None,
+    max_level: int | None = None,
     splits: Iterable[str] = SPLITS,
 ) -> ContractReport:
-    """Validate ``df`` against ``contract`` with Great Expectations and summarise the result."""
+    """Validate ``df`` against ``contract`` with Great Expectations and summarise the result.
+    ``families`` / ``max_level`` None: the registered task families and the highest of their levels."""
     if contract not in SPECS:
         raise unknown_contract(contract)
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"contract {contract!r} validates a pandas DataFrame, got {type(df).__name__}")
+    if families is None or max_level is None:
+        registered, highest = _registered_families()
+        families = registered if families is None else families
+        max_level = highest if max_level is None else max_level
     families_t = tuple(sorted({str(f) for f in families}))
     max_level = int(max_level)
 
@@ -371,7 +390,7 @@ def contract_check(
     contract: str,
     *,
     partitions_def: Any = None,
-    families: Iterable[str] | None = ("arithmetic",),
+    families: Iterable[str] | None = None,
     max_level: int = 4,
     name: str | None = None,
 ) -> AssetChecksDefinition:
@@ -394,7 +413,7 @@ def contract_check(
     check_kwargs: dict[str, Any] = {}
     if partitions_def is not None:
         check_kwargs["partitions_def"] = partitions_def
-    if families_t is None:
+    if families_t is None and _checks_families(contract):
         check_kwargs["required_resource_keys"] = {"settings"}
 
     @asset_check(
@@ -417,15 +436,11 @@ def contract_check(
         # ``frame`` is the checked asset's value: @asset_check binds the single non-context
         # parameter to the target asset regardless of its name. (No annotations: with postponed
         # evaluation Dagster would see the context annotation as a string and reject it.)
-        if families_t is None:
-            from environments.family import FAMILIES, get_family  # noqa: PLC0415 (only the task contracts need it)
-
+        if families_t is None and _checks_families(contract):
             cfg = context.resources.settings.config  # resolving it imports the config's own family modules
-            names = tuple(FAMILIES.names())
-            splits = (*SPLITS, *cfg.benchmark.suites)
-            report = validate_contract(
-                contract, frame, families=names, max_level=max(max(get_family(n).levels) for n in names), splits=splits
-            )
+            report = validate_contract(contract, frame, splits=(*SPLITS, *cfg.benchmark.suites))
+        elif families_t is None:  # nothing in this contract depends on the families
+            report = validate_contract(contract, frame, families=(), max_level=0)
         else:
             report = validate_contract(contract, frame, families=families_t, max_level=max_level)
         description = report.message() or "all expectations met"

@@ -190,8 +190,8 @@ def training_tasks(
 
 
 knowledge_base_contract = contract_check("knowledge_base", "knowledge_base")
-training_tasks_contract = contract_check("training_tasks", "tasks", families=None)
-benchmark_tasks_contract = contract_check("benchmark_tasks", "tasks", families=None)
+training_tasks_contract = contract_check("training_tasks", "tasks")
+benchmark_tasks_contract = contract_check("benchmark_tasks", "tasks")
 
 
 @asset_check(

@@ -445,5 +445,5 @@ def rl_round_health(settings: FlywheelSettings, rl_checkpoint: dict) -> AssetChe
     )
 
 
-task_pool_contract = contract_check("task_pool", "task_pool", partitions_def=rl_rounds, families=None)
-rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds, families=None)
+task_pool_contract = contract_check("task_pool", "task_pool", partitions_def=rl_rounds)
+rollout_batches_contract = contract_check("rollout_batches", "rollout_batches", partitions_def=rl_rounds)

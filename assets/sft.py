@@ -154,7 +154,7 @@ def sft_trajectories(
     return df
 
 
-sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories", families=None)
+sft_trajectories_contract = contract_check("sft_trajectories", "sft_trajectories")
 
 
 def fit_sft(

@@ -168,6 +168,12 @@ def test_tasks_level_out_of_range_and_max_level_respected():
     assert validate_contract("tasks", df, max_level=9).success
 
 
+def test_without_families_the_registered_families_and_their_levels_are_accepted():
+    df = tasks_frame().assign(family=["arithmetic", "search", "code"], level=[4, 3, 5])
+    assert validate_contract("tasks", df).success  # code goes to level 5 (problem files)
+    assert not validate_contract("tasks", df, families=["arithmetic"], max_level=4).success
+
+
 def test_tasks_null_task_id():
     report = validate_contract("tasks", set_cell(tasks_frame(), 0, "task_id", None))
     assert_fails(report, "expect_column_values_to_not_be_null", "task_id")
@@ -306,7 +312,7 @@ def test_dagster_blocking_check_stops_downstream():
     def task_stats(tasks: pd.DataFrame) -> int:
         return len(tasks)
 
-    check = contract_check("training_tasks", "tasks")
+    check = contract_check("training_tasks", "tasks", families=("arithmetic",))
     with DagsterInstance.ephemeral() as instance:
         result = materialize([training_tasks, task_stats, check], instance=instance, raise_on_error=False)
         assert not result.success
@@ -342,7 +348,7 @@ def test_dagster_check_passes_on_valid_frame():
     def benchmark_summary(benchmark_tasks: pd.DataFrame) -> int:
         return len(benchmark_tasks)
 
-    check = contract_check("benchmark_tasks", "tasks", name="benchmark_tasks_contract")
+    check = contract_check("benchmark_tasks", "tasks", families=("arithmetic",), name="benchmark_tasks_contract")
     with DagsterInstance.ephemeral() as instance:
         result = materialize([benchmark_tasks, benchmark_summary, check], instance=instance)
         assert result.success
@@ -367,7 +373,7 @@ def test_dagster_partitioned_check():
     def policy_update(rollout_batches: pd.DataFrame) -> int:
         return len(rollout_batches)
 
-    check = contract_check("rollout_batches", "rollout_batches", partitions_def=parts)
+    check = contract_check("rollout_batches", "rollout_batches", partitions_def=parts, families=("arithmetic",))
     assets = [rollout_batches, policy_update, check]
     with DagsterInstance.ephemeral() as instance:
         good = materialize(assets, instance=instance, partition_key="good")
