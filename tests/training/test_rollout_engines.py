@@ -521,7 +521,7 @@ def test_the_benchmark_engine_holds_a_suite_longer_than_any_rollout(warm_policy,
     cfg = micro_cfg.model_copy(update={"benchmark": micro_cfg.benchmark.model_copy(update={"suites": {"long": suite}})})
     budget = engine_budget(cfg)
     assert budget.max_total_tokens == 400 > micro_cfg.rollout.max_total_tokens
-    prompt = [warm_policy.tokenizer.eos_token_id + 1] * 380  # longer than the rollout engine's whole context
+    prompt = [10] * 380  # a token of the vocabulary; longer than the rollout engine's whole context
     with pytest.raises(Exception, match="longer than the maximum model length"):  # vLLM's VLLMValidationError
         vllm_engine.generate([prompt], [16], stop_ids=set(), sampling=Sampling())
     engine = VLLMEngine.from_model(warm_policy.model, warm_policy.tokenizer, budget, seed=0)
