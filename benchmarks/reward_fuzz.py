@@ -44,7 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fuzz_attacks import ATTACKS, AttackClass, Attempt, World  # noqa: E402  # noqa: E402, F401  (register the classes)
+import benchmarks.fuzz_attacks.arithmetic  # noqa: E402, F401  (each family's module registers its attack classes)
+import benchmarks.fuzz_attacks.code  # noqa: E402, F401
+import benchmarks.fuzz_attacks.search  # noqa: E402, F401
+from benchmarks.fuzz_attacks import ATTACKS, AttackClass, Attempt, World  # noqa: E402
 from configs import FlywheelConfig, load_profile  # noqa: E402
 from environments import families  # noqa: E402
 from environments.base import task_view  # noqa: E402

@@ -506,27 +506,3 @@ def test_an_rl_round_on_vllm_logs_the_mismatch_every_step_and_syncs_weights(tis_
     assert any(h["rollout/trained_trajectories"] for h in result.history), (
         "no step trained: the sync was never exercised"
     )
-
-
-@pytest.mark.yourdata
-def test_the_benchmark_engine_holds_a_suite_longer_than_any_rollout(warm_policy, micro_cfg, vllm_engine):
-    """vLLM fixes its context length when it starts. The benchmark's engine is built with the
-    largest budget of the held-out tasks and the suites (assets/benchmark.py::engine_budget), so a
-    suite's episode longer than any rollout runs; on an engine built with the rollout's budget
-    (`vllm_engine`) the same prompt is refused, as smol's HumanEval was before 7011ddb."""
-    from assets.benchmark import engine_budget
-    from configs.schema import BenchmarkSuite
-
-    suite = BenchmarkSuite(file="humaneval", max_total_tokens=400, max_new_tokens_per_turn=48)
-    cfg = micro_cfg.model_copy(update={"benchmark": micro_cfg.benchmark.model_copy(update={"suites": {"long": suite}})})
-    budget = engine_budget(cfg)
-    assert budget.max_total_tokens == 400 > micro_cfg.rollout.max_total_tokens
-    prompt = [10] * 380  # a token of the vocabulary; longer than the rollout engine's whole context
-    with pytest.raises(Exception, match="longer than the maximum model length"):  # vLLM's VLLMValidationError
-        vllm_engine.generate([prompt], [16], stop_ids=set(), sampling=Sampling())
-    engine = VLLMEngine.from_model(warm_policy.model, warm_policy.tokenizer, budget, seed=0)
-    try:
-        [out] = engine.generate([prompt], [16], stop_ids=set(), sampling=Sampling())
-        assert len(out.ids) == 16
-    finally:
-        engine.close()
