@@ -297,9 +297,18 @@ class RoundProbe:
         generate, clock = self.clock.timed("generation", engine.generate), self.clock
 
         def timed_generate(sequences, budgets, **kw):
+            before = dict(engine.counts)  # the HF engine's own tally: what its prefills computed and needed
+            computed = clock.counts["generation tokens computed"]
             out = generate(sequences, budgets, **kw)
             clock.add("engine calls", 1)
-            clock.add("prefill tokens", sum(map(len, sequences)))
+            # needed: a turn's new tokens; the rest of each sequence comes from the KV the engine kept
+            needed = engine.counts["prefill real"] - before["prefill real"]
+            clock.add("prefill tokens", needed)
+            clock.add("prefill tokens kept", sum(map(len, sequences)) - needed)
+            prefill = engine.counts["prefill computed"] - before["prefill computed"]
+            clock.add("prefill tokens computed", prefill)
+            # every other token the model was fed in this call (counted by the hook) was a decode row
+            clock.add("decode tokens computed", clock.counts["generation tokens computed"] - computed - prefill)
             clock.add("sampled tokens", sum(len(g.ids) for g in out))
             # a row's first token comes from the prefill's logits
             clock.add("decode tokens", sum(max(0, len(g.ids) - 1) for g in out))
@@ -310,7 +319,7 @@ class RoundProbe:
             # padding and rows that already stopped included
             if clock.current == "generation":
                 ids = kwargs.get("input_ids", args[0] if args else None)
-                clock.add("prefill tokens computed" if ids.shape[1] > 1 else "decode tokens computed", ids.numel())
+                clock.add("generation tokens computed", ids.numel())
 
         self.hooks.append(model.register_forward_pre_hook(count_rows, with_kwargs=True))
         engine.generate = timed_generate
@@ -604,14 +613,15 @@ def markdown(rows: list[dict]) -> str:
             "and in decoding, rows that had already stopped)."
         ),
         "",
-        "| size | engine calls (turns) | generation: prefill | generation: decode | old log-probs | ref log-probs | update forward + backward |",
-        "|---" * 7 + "|",
+        "| size | engine calls (turns) | generation: prefill | generation: decode | old log-probs | ref log-probs | update forward + backward | prefill tokens kept from earlier turns (not computed) |",
+        "|---" * 8 + "|",
     ]
     for r in rows:
         c = r["summary"]["counts"]
         lines.append(
             f"| {r['size']} | {c['engine calls']:.0f} | {padding_share(c, 'prefill'):.0%} | {padding_share(c, 'decode'):.0%} | "
-            f"{padding_share(c, 'old log-probs'):.0%} | {padding_share(c, 'ref log-probs'):.0%} | {padding_share(c, 'update forward'):.0%} |"
+            f"{padding_share(c, 'old log-probs'):.0%} | {padding_share(c, 'ref log-probs'):.0%} | {padding_share(c, 'update forward'):.0%} | "
+            f"{c.get('prefill tokens kept', 0) / max(c.get('prefill tokens kept', 0) + c.get('prefill tokens', 0), 1):.0%} |"
         )
     return "\n".join(lines) + "\n"
 

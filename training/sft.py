@@ -137,7 +137,7 @@ def train_sft(
         engine.load_state(folder / "policy")
         generator.set_state(loop["generator"])
         torch.set_rng_state(loop["torch_rng"])
-        history = loop["result"]  # tokens/s counts from the resume on: `start` is now
+        history = loop["journal"]  # tokens/s counts from the resume on: `start` is now
         first_step = loop["step"] + 1
 
     def loss_fn(chunk: list[Example], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -180,8 +180,9 @@ def train_sft(
                 {"policy": engine},
                 None,
                 generator,
-                history,
+                None,
                 DataParallel(engine.rank, engine.world_size),
+                journal=history,
             )
         failpoint("sft.step")
     engine.eval()

@@ -201,12 +201,13 @@ def test_hf_engine_serves_the_trainers_weights(warm_policy):
         assert torch.equal(a, b)
 
 
-def test_hf_engine_drops_stopped_rows_and_generates_as_each_row_alone():
-    """Rows stopping at different steps leave the batch (and its KV cache) once half have
-    stopped; greedy output and log-probs stay those of each row generated alone."""
+@pytest.mark.parametrize("drop_stopped_at", [0.0, 0.5])
+def test_hf_engine_drops_stopped_rows_and_generates_as_each_row_alone(drop_stopped_at):
+    """Rows stopping at different steps leave the batch (and its KV cache) as they stop, or once
+    half have stopped; greedy output and log-probs stay those of each row generated alone."""
     from training.distributed_check import tiny_model
 
-    engine = HFEngine(tiny_model(seed=3).eval())
+    engine = HFEngine(tiny_model(seed=3).eval(), drop_stopped_at=drop_stopped_at)
     g = torch.Generator().manual_seed(0)
     sequences = [torch.randint(1, 64, (int(n),), generator=g).tolist() for n in torch.randint(2, 9, (12,), generator=g)]
     budgets = [1, 2, 3, 24, 5, 24, 2, 7, 24, 1, 24, 4]  # most rows stop early, four run on

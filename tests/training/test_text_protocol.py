@@ -68,7 +68,8 @@ def test_hf_engine_stops_at_the_token_completing_a_split_tag(split_policy):
     assert merged != tok.unk_token_id and len(encode(tok, "</code>")) > 1
     inside = encode(tok, "print(6*7)</code")  # the tag completed inside the token "><"
     scripts = [call + after, inside + [merged] + after, encode(tok, "<answer>42</answer>") + after, after * 3]
-    engine = HFEngine(Scripted(scripts, len(tok)), tok)
+    # a scripted row is a batch position, not a sequence: identical prompts must stay separate rows
+    engine = HFEngine(Scripted(scripts, len(tok)), tok, share_prompts=False)
     out = engine.generate(
         [[1, 2]] * 4,
         [40] * 4,
@@ -107,7 +108,8 @@ def test_the_loop_reads_the_call_before_a_tag_that_ends_inside_a_token(split_pol
             return [ToolResult("42\n", None, 0.0) for _ in args]
 
     task = {"task_id": "t", "family": "arithmetic", "prompt": "compute 6*7\n", "answer": "42"}
-    engine = HFEngine(Scripted([turn + [merged] + answer + answer], len(tok)), tok)
+    # no KV to keep: the scripted model counts its steps in a cache of its own
+    engine = HFEngine(Scripted([turn + [merged] + answer + answer], len(tok)), tok, reuse_kv=False)
     cfg = micro_cfg.rollout.model_copy(update={"system_prompt": "Use tools."})
     # the scripted model's row 0 replays its script from the start of each call: turn 2 starts at `answer`
     engine.model.scripts = [turn + [merged]]

@@ -73,6 +73,7 @@ class RolloutEngine(Protocol):
         generator: torch.Generator | None = None,
         stop_strings: tuple[str, ...] = (),
         seeds: list[int] | None = None,
+        keys: list[str] | None = None,  # one per row: its episode, whose next turn may reuse this one's work
     ) -> list[Generation]: ...  # no stops: exactly budget tokens
 
     def sync_weights(self, model) -> float: ...  # seconds taken
@@ -124,17 +125,50 @@ def processed_logprobs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor
 
 
 # --------------------------------------------------------------------------- HF transformers
+@dataclass
+class _KV:
+    """One row's KV cache after a turn: what the next turn of its episode starts from."""
+
+    ids: list[int]  # the tokens it covers: the turn's input and every sampled id but the last (never fed)
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (kv_heads, len(ids), head_dim)
+
+
 class HFEngine:
     """Batched sampling over an HF causal LM with a KV cache, on the trainer's own model object:
     weight sync is free (the tensors are shared), so after an update the next rollout already
-    uses the new weights."""
+    uses the new weights.
 
-    name = "hf"  # one batched call per turn (a RolloutEngine): the KV cache is per call
+    Work it does not repeat (each exact up to float rounding; tests/training/test_rollout_engines.py):
 
-    def __init__(self, model, tokenizer=None):
+    * **KV across turns** (`reuse_kv`): with `keys` (one per episode), a row's KV cache is kept when
+      its turn ends, and the episode's next turn prefills only the new tokens (the observation)
+      on top of it. Kept entries live until the next call: one that does not continue them frees them.
+    * **Shared prompts** (`share_prompts`): identical sequences (a group's samples on their first
+      turn) are prefilled once, and their cache is copied to each row.
+    * **Stopped rows leave at once** (`drop_stopped_at`, the fraction of the batch that must have
+      stopped before they are dropped from the batch and its cache; 0: at every stop). Short
+      answers stop early and a few long turns run on.
+    """
+
+    name = "hf"  # one batched call per turn (a RolloutEngine)
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        reuse_kv: bool = True,
+        share_prompts: bool = True,
+        drop_stopped_at: float = 0.0,
+    ):
         self.model = model
         self.tokenizer = tokenizer  # needed for stop strings only: the text of each sampled id
+        self.reuse_kv, self.share_prompts, self.drop_stopped_at = reuse_kv, share_prompts, drop_stopped_at
         self._texts: dict[int, str] = {}
+        self._kept: dict[str, _KV] = {}
+        # what the passes computed, for benchmarks/hf_engine_turns.py: tokens fed to the model
+        # (padding included) and the real ones among them
+        self.counts = {"prefill computed": 0, "prefill real": 0, "decode computed": 0, "decode real": 0}
 
     def token_text(self, token: int) -> str:
         """One id's text, cached. Tags are ASCII, so matching them on the concatenation of single
@@ -151,10 +185,11 @@ class HFEngine:
         start = time.perf_counter()
         if model is not self.model:  # another object (e.g. a reloaded checkpoint): copy in place
             self.model.load_state_dict(model.state_dict())
+        self._kept.clear()  # computed by the old weights
         return time.perf_counter() - start
 
     def close(self) -> None:
-        pass
+        self._kept.clear()
 
     def generate(
         self,
@@ -166,9 +201,12 @@ class HFEngine:
         generator: torch.Generator | None = None,
         stop_strings: tuple[str, ...] = (),
         seeds: list[int] | None = None,
+        keys: list[str] | None = None,
     ) -> list[Generation]:
         if stop_strings and self.tokenizer is None:
             raise ValueError(f"stop strings {stop_strings} need the tokenizer: HFEngine(model, tokenizer)")
+        if keys is not None and len(keys) != len(sequences):
+            raise ValueError(f"{len(keys)} keys for {len(sequences)} sequences")
         was_training = self.model.training
         self.model.eval()
         try:
@@ -179,9 +217,62 @@ class HFEngine:
                 sampling=sampling,
                 stop_strings=stop_strings,
                 seeds=seeds if seeds is not None else seeds_from(generator, len(sequences)),
+                keys=keys if keys is not None and self.reuse_kv else None,
             )
         finally:  # after a failure too: the trainer's model goes back in the mode it came in
             self.model.train(was_training)
+
+    def _prefill(self, sequences: list[list[int]], priors: list[_KV | None]):
+        """One forward over each row's new tokens, on top of its kept KV when it has one. Rows are
+        left-padded twice: the kept caches to the longest (C), the new tokens to the longest (N);
+        the attention mask hides both paddings and positions continue each row's own count.
+        Returns (cache, last logits, attention mask, positions of the new tokens)."""
+        device = next(self.model.parameters()).device
+        B = len(sequences)
+        cached = [len(p.ids) if p else 0 for p in priors]
+        new = [seq[c:] for seq, c in zip(sequences, cached)]
+        C, N = max(cached), max(map(len, new))
+        input_ids = torch.zeros((B, N), dtype=torch.long)
+        attention = torch.zeros((B, C + N), dtype=torch.long)
+        for i, (c, tail) in enumerate(zip(cached, new)):
+            input_ids[i, N - len(tail) :] = torch.tensor(tail)
+            attention[i, C - c : C] = 1
+            attention[i, C + N - len(tail) :] = 1
+        cache = None
+        if C:
+            from transformers.cache_utils import DynamicCache
+
+            kept = next(p for p in priors if p)
+            layers = []
+            for layer, (k0, v0) in enumerate(kept.layers):
+                keys = k0.new_zeros((B, k0.shape[0], C, k0.shape[2]))
+                values = v0.new_zeros((B, v0.shape[0], C, v0.shape[2]))
+                for i, prior in enumerate(priors):
+                    if prior:
+                        keys[i, :, C - cached[i] :] = prior.layers[layer][0]
+                        values[i, :, C - cached[i] :] = prior.layers[layer][1]
+                layers.append((keys.to(device), values.to(device)))
+            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        positions = ((attention.cumsum(-1) - 1).clamp(min=0))[:, C:]
+        input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
+        # the LM head on the last position only: a prefill's (rows, tokens, vocab) logits are GBs at
+        # a real model's 49k-152k vocabulary, and only the next token's are read
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.counts["prefill computed"] += B * N
+        self.counts["prefill real"] += sum(map(len, new))
+        return out.past_key_values, out.logits[:, -1], attention, positions
+
+    def _keep(self, key: str, ids: list[int], cache, row: int, attention: torch.Tensor) -> None:
+        """Row `row`'s KV (the positions its attention mask holds) for its episode's next turn."""
+        valid = attention[row].bool()
+        self._kept[key] = _KV(ids, [(layer.keys[row][:, valid], layer.values[row][:, valid]) for layer in cache.layers])
 
     @torch.no_grad()
     def _sample(
@@ -193,24 +284,34 @@ class HFEngine:
         sampling: Sampling,
         seeds: list[int],
         stop_strings: tuple[str, ...] = (),
+        keys: list[str] | None = None,
     ) -> list[Generation]:
-        model = self.model
-        device = next(model.parameters()).device
-        pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
-        B, L = len(sequences), max(map(len, sequences))
-        input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-        attention = torch.zeros((B, L), dtype=torch.long)
-        for i, seq in enumerate(sequences):  # left padding: every row's next token is column L
-            input_ids[i, L - len(seq) :] = torch.tensor(seq)
-            attention[i, L - len(seq) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
-        # the LM head on the last position only: a prefill's (rows, tokens, vocab) logits are GBs at
-        # a real model's 49k-152k vocabulary, and only the next token's are read
-        out = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        device = next(self.model.parameters()).device
+        B = len(sequences)
+        # 1. prefill: each row on its episode's kept KV when it continues one; identical rows once
+        priors: list[_KV | None] = [None] * B
+        if keys is not None:
+            self._kept = {k: kv for k, kv in self._kept.items() if k in set(keys)}  # the rest end here
+            for i, (key, seq) in enumerate(zip(keys, sequences)):
+                kv = self._kept.pop(key, None)
+                if kv is not None and len(kv.ids) < len(seq) and seq[: len(kv.ids)] == kv.ids:
+                    priors[i] = kv
+        else:
+            self._kept.clear()
+        first_of: dict[tuple, int] = {}
+        unique = []  # row -> the row whose prefill it shares
+        for i, seq in enumerate(sequences):
+            shared = priors[i] is None and self.share_prompts
+            unique.append(first_of.setdefault(tuple(seq), i) if shared else i)
+        computed = sorted(set(unique))
+        cache, logits, attention, positions = self._prefill(
+            [sequences[i] for i in computed], [priors[i] for i in computed]
         )
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        del priors
+        if len(computed) < B:  # copy the shared rows' cache out to every row
+            spread = torch.tensor([computed.index(u) for u in unique], device=device)
+            cache.reorder_cache(spread)
+            logits, attention, positions = logits[spread], attention[spread], positions[spread]
         next_pos = positions[:, -1:] + 1
         budget = torch.tensor(budgets, device=device)
         stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
@@ -221,6 +322,8 @@ class HFEngine:
         # a stop is completed only by a token holding its last character
         last_chars = {stop[-1] for stop in stop_strings}
         row_of = list(range(B))  # batch position -> row of `sequences` (positions shrink as rows stop)
+        pad_id = min(stop_ids, default=0)  # any valid id: padded positions are masked out
+        # 2. decode
         for step in range(max(budgets, default=0)):
             logp = processed_logprobs(logits, sampling)
             if sampling.greedy:
@@ -231,6 +334,7 @@ class HFEngine:
                 # row samples does not depend on the rows it shares the batch with
                 token = inverse_cdf(logp.exp(), uniforms([seeds[r] for r in row_of], step)).to(device)
             token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
+            was_finished = finished
             live = (~finished).nonzero().flatten().tolist()
             ids, lps = token.tolist(), token_logp.tolist()
             stopped = []
@@ -246,19 +350,22 @@ class HFEngine:
             finished = finished | torch.isin(token, stops) | (budget <= step + 1)
             if stopped:
                 finished[stopped] = True
+            if keys is not None:  # rows whose turn ended now: their KV, for the episode's next turn
+                for i in (finished & ~was_finished).nonzero().flatten().tolist():
+                    r = row_of[i]
+                    self._keep(keys[r], sequences[r] + rows[r].ids[:-1], cache, i, attention)
             if bool(finished.all()):
                 break
-            if 2 * int(finished.sum()) >= len(row_of):
-                # Half the batch has stopped: drop those rows from the batch and the KV cache.
-                # Short answers stop early and a few long turns run on; decoding stopped rows was
-                # ~3/4 of the decode work at `tiny` (benchmarks/rl_step_profile.py).
+            n_finished = int(finished.sum())
+            if n_finished and n_finished >= self.drop_stopped_at * len(row_of):
+                # drop the stopped rows from the batch and the KV cache
                 keep = (~finished).nonzero().flatten()
                 cache.reorder_cache(keep)
                 token, attention, next_pos, budget = token[keep], attention[keep], next_pos[keep], budget[keep]
                 finished, row_of = finished[keep], [row_of[i] for i in keep.tolist()]
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            out = model(
+            out = self.model(
                 input_ids=token[:, None],
                 attention_mask=attention,
                 position_ids=next_pos,
@@ -266,6 +373,8 @@ class HFEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
+            self.counts["decode computed"] += len(row_of)
+            self.counts["decode real"] += len(row_of) - int(finished.sum())
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
         return rows
 
@@ -414,6 +523,7 @@ class VLLMEngine:
         generator: torch.Generator | None = None,
         stop_strings: tuple[str, ...] = (),
         seeds: list[int] | None = None,
+        keys: list[str] | None = None,  # unused: vLLM's prefix cache finds a turn's earlier work itself
     ) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 

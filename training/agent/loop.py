@@ -348,6 +348,8 @@ class _Loop:
                     stop_ids=self.stop_ids,
                     sampling=self.sampling,
                     seeds=[e.turn_seed() for e in active],
+                    # the episode's own seed names it: its next turn starts from this turn's KV cache
+                    keys=[str(e.seed) for e in active],
                     **self._strings(),
                 )
             calls = [call for e, turn in zip(active, turns) if (call := self.record_turn(e, turn))]

@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -719,6 +719,13 @@ def train_round(
         torch.set_rng_state(loop["torch_rng"])
         result, first_step = loop["result"], loop["step"] + 1
         result.resumed_from_step = loop["step"]
+        journal = loop["journal"]
+        for entry in journal:
+            result.rollouts += entry["rollouts"]
+            result.rewards += entry["rewards"]
+            result.history.append(entry["history"])
+    else:
+        journal = []  # per step: its rollouts, rewards and history entry (the resume state's journal)
 
     def sample(n_prompts: int, step: int, tag: str) -> tuple[list[dict], list[dict]]:
         """The step's prompts are drawn alike on every rank; each rolls out and scores its share of
@@ -863,15 +870,24 @@ def train_round(
                 "rollout/sampling_passes": float(passes),
                 "rollout/trained_trajectories": float(len(samples)),
                 "perf/generate_s": generate_s,
-                "perf/step_s": time.perf_counter() - start,
             }
+            entry = {"step": step, **metrics}
             result.rollouts += records
             result.rewards += scores
-            result.history.append({"step": step, **metrics})
+            result.history.append(entry)
+            journal.append({"rollouts": records, "rewards": scores, "history": entry})
+            if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
+                save_start = time.perf_counter()
+                # The progress saved is the round's fixed-size part; what grows is in the journal.
+                progress = replace(result, rollouts=[], rewards=[], history=[], policy=None)
+                save_state(state_dir, step, state_key, engines, rng, generator, progress, dp, journal=journal)
+                metrics["perf/save_s"] = time.perf_counter() - save_start
+            # The step's time includes its save; the journal's copy of a saving step's entry, which a
+            # resumed round reads back, was written before the save ended and so lacks both.
+            metrics["perf/step_s"] = time.perf_counter() - start
+            entry.update(metrics)
             if on_step:
                 on_step(step, metrics)
-            if state_dir is not None and step % rl.checkpoint_every == 0 and step < rl.steps_per_round:
-                save_state(state_dir, step, state_key, engines, rng, generator, result, dp)
     finally:
         rollout_engine.close()
     result.policy = model
