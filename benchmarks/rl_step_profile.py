@@ -29,7 +29,7 @@ Waste per kind of forward pass: the tokens it computed against the real ones it 
 in decoding, rows that had already stopped), counted at `collate` for the trainer's passes and by a
 pre-forward hook on the policy during generation.
 
-A step's wall is train_round's own `perf/step_s` plus the save that follows it. A round's warm-up step
+A step's wall is train_round's own `perf/step_s`, which includes the step's save. A round's warm-up step
 (first-call costs) is dropped, then `--steps` steps are measured; `--repeats` rounds per size (the
 same seed, so the same work) are pooled: per stage the median, min and max. The machine is shared:
 a step during which other processes held a core is replaced by another (the record says which).
@@ -112,8 +112,8 @@ def version_line(version: dict) -> str:
 
 
 class _RoundDone(Exception):
-    """Raised from the last measured step's save: train_round skips the save of a round's last step,
-    so the round is planned one step longer and stopped here instead of running that step."""
+    """Raised from the last measured step's on_step (after its save): train_round skips the save of a
+    round's last step, so the round is planned one step longer and stopped here instead of running that step."""
 
 
 def _cpu_seconds() -> float:
@@ -275,7 +275,7 @@ class RoundProbe:
         self.real = {name: getattr(rl_loop, name) for name in self.WRAPPED}
         self.reference, self.steps, self.warmup, self.last = reference, steps, warmup, last
         self.quiet_wait_s, self.busy_cores = quiet_wait_s, busy_cores
-        self.clock, self.records, self.done = StageClock(), {}, set()  # done: the step after whose save the round stops
+        self.clock, self.records, self.saves = StageClock(), {}, {}  # saves: by step, until its on_step
         self.hooks: list = []
 
     def patches(self, rl_loop) -> list:
@@ -350,28 +350,27 @@ class RoundProbe:
         return engine
 
     def save_state(self, state_dir, step, *args, **kwargs):
+        # the save comes before the step's on_step, and train_round's perf/step_s includes it
         start = time.perf_counter()
         self.real["save_state"](state_dir, step, *args, **kwargs)
         seconds = time.perf_counter() - start
         folder = state_dir / f"step-{step:05d}"
-        self.records[step] |= {
+        self.saves[step] = {
             "checkpoint_save_s": seconds,
             "checkpoint_bytes": {
                 p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()
             },
         }
-        if step in self.done:
-            raise _RoundDone
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
-        record = self.records[step] = step_record(step, metrics, self.clock)
+        record = self.records[step] = step_record(step, metrics, self.clock) | self.saves.pop(step, {})
         record["contended"] = record["other_cpu_cores"] > self.busy_cores
         clean = [k for k, r in self.records.items() if k > self.warmup and not r["contended"]]
-        if len(clean) >= self.steps or step == self.last:
-            self.done.add(step)
-        elif self.quiet_wait_s:  # between steps: neither this step's figures nor the next one's include the wait
-            record["other_cpu_cores_before_next"] = wait_for_quiet(self.quiet_wait_s, self.busy_cores)
         self.clock.reset()
+        if len(clean) >= self.steps or step == self.last:
+            raise _RoundDone
+        if self.quiet_wait_s:  # between steps: neither this step's figures nor the next one's include the wait
+            record["other_cpu_cores_before_next"] = wait_for_quiet(self.quiet_wait_s, self.busy_cores)
 
     def finished_records(self) -> list[dict]:
         """Every step, in order, with its phase: `warmup`, `measured` (the first `steps` clean steps
@@ -383,8 +382,7 @@ class RoundProbe:
         out = []
         for step, record in sorted(self.records.items()):
             record["phase"] = "warmup" if step <= self.warmup else "measured" if step in measured else "replaced"
-            record["stages"]["checkpoint save"] = record.pop("checkpoint_save_s", 0.0)
-            record["wall_s"] += record["stages"]["checkpoint save"]
+            record["stages"]["checkpoint save"] = record.pop("checkpoint_save_s", 0.0)  # within wall_s (perf/step_s)
             record["stages"]["other"] = record["wall_s"] - sum(record["stages"].values())
             out.append(record)
         return out
