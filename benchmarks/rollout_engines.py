@@ -16,7 +16,19 @@ weight sync are timed too. The models are warm-started (short SFT on teacher tra
 benchmarks/warm_start.py) so they call tools; the tool-call rate is reported next to each figure.
 With --tool-cores 0,1 each vLLM engine's agent loop runs both without and with a core kept for the
 tool processes (rollout.tool_cores); pure generation always uses every core.
-Writes benchmarks/results/rollout-engines.{json,md} (rollout-engines-replay.{json,md} with --replay-tools).
+
+The size `smol` is the real SmolLM2-135M-Instruct (the `smol` profile: its own tokenizer, ChatML
+template and system prompt, and the profile's rollout limits), not a model built from a config. Its
+tokenizer splits every tag into several tokens, so turns stop on the tags' text (training/agent/loop.py
+`TurnStops`); on vLLM each turn is then a request of its own (sessions need single-token stops), and
+`vllm` and `vllm-per-turn` run the same schedule. As it ships it never writes a tool call with that
+system prompt (0 of 32 arithmetic episodes of up to 128 tokens here, 0 of 900 benchmark episodes in
+docs/results.md): it answers in prose or in a markdown code block, so its rollouts would be single
+turns. `--sft-steps smol=N` with N > 0 first warm-starts it (SMOL_WARM_START: N SFT steps of 8 teacher
+trajectories that always call their tools, as the tests' `smol_policy`); `smol=0` measures it as it
+ships. Defaults for smol: 12 prompts (4 per family) x 4 samples, 16 warm-start SFT steps.
+Writes benchmarks/results/rollout-engines.{json,md} (rollout-engines-replay.{json,md} with --replay-tools);
+runs with smol in --sizes write rollout-engines-smol[-replay].{json,md} (--tag names another suffix).
 """
 
 from __future__ import annotations
@@ -51,6 +63,25 @@ DATA = {
     "data.families.code.train_tasks": 1500,
     "teacher.num_trajectories": 3000,
 }
+# Pretrained models, size -> profile: the profile's model from the model cache (training/model_sources.py)
+# with its own tokenizer, chat template and system prompt.
+PRETRAINED = {"smol": "smol"}
+# The pretrained sizes' tasks (fewer than the profile's: set-up is quicker, and a benchmark uses a few
+# dozen) and, for `--sft-steps smol=N` with N > 0, their warm start: tests/conftest.py's `smol_policy`
+# recipe (batch 8, lr 2e-4, bf16 autocast) on teacher trajectories that always call their tools.
+SMOL_WARM_START = {
+    "data.families.arithmetic.train_tasks": 600,
+    "data.families.search.train_tasks": 300,
+    "data.families.code.train_tasks": 300,
+    "teacher.num_trajectories": 160,
+    "teacher.arithmetic.p_direct": 0.0,
+    "teacher.search.p_direct": 0.0,
+    "teacher.code.p_direct": 0.0,
+    "sft.batch_size": 8,
+    "sft.learning_rate": 2e-4,
+    "sft.warmup_steps": 2,
+    "engine.precision": "bf16",
+}
 
 
 def warm_model(size: str, sft_steps: int, home: Path, sandbox):
@@ -76,6 +107,74 @@ def warm_model(size: str, sft_steps: int, home: Path, sandbox):
     model = load_policy(folder)
     print(f"[bench] {size}: {num_parameters(model) / 1e6:.1f}M parameters", flush=True)
     return cfg, folder, model, load_tokenizer(folder), saved["tasks"], saved["kb"]
+
+
+def pretrained_model(size: str, sft_steps: int, home: Path, sandbox):
+    """A PRETRAINED size's model and its profile's tasks, as `warm_model` returns them: as it ships
+    (`sft_steps` 0: the model cache's folder) or after `sft_steps` warm-start SFT steps
+    (SMOL_WARM_START); tasks, knowledge base and a warm-started model are cached in `home`."""
+    from benchmarks.warm_start import warm_started_policy
+    from configs import load_profile
+    from environments.families import generate_tasks, make_kb
+    from training.model import load_policy, load_tokenizer, num_parameters, save_checkpoint
+    from training.model_sources import resolve_pretrained
+
+    cfg = load_profile(PRETRAINED[size], SMOL_WARM_START)
+    cache = home / f"{size}-sft{sft_steps}"
+    tasks_file = cache / "tasks.json"
+    if not tasks_file.exists():
+        start = time.perf_counter()
+        if sft_steps:
+            print(f"[bench] warm-starting the {size} model ({sft_steps} SFT steps)", flush=True)
+            ws = warm_started_policy(cfg, sandbox, sft_steps=sft_steps, seed=0)
+            save_checkpoint(ws.model, ws.tokenizer, cache)
+            tasks, kb = ws.tasks, ws.kb
+            print(f"[bench]   SFT loss {ws.sft_history[-1]['loss/sft']:.3f}", flush=True)
+        else:  # the tasks warm_started_policy would generate
+            kb = make_kb(cfg.data.knowledge_base, 0)
+            tasks = [
+                t
+                for family, fam in cfg.data.families.items()
+                for t in generate_tasks(
+                    family,
+                    fam.train_tasks,
+                    seed=0,
+                    split="train",
+                    levels=fam.levels,
+                    level_weights=fam.level_weights,
+                    kb=kb,
+                )
+            ]
+        cache.mkdir(parents=True, exist_ok=True)
+        tasks_file.write_text(json.dumps({"tasks": tasks, "kb": [d for d in kb.documents]}))
+        print(f"[bench]   {size} set up in {time.perf_counter() - start:.0f}s", flush=True)
+    saved = json.loads(tasks_file.read_text())
+    folder = cache if sft_steps else Path(resolve_pretrained(cfg.model.name_or_path, cfg.model.gguf_file))
+    model = load_policy(folder)
+    print(f"[bench] {size}: {num_parameters(model) / 1e6:.1f}M parameters, {shipped_as(sft_steps)}", flush=True)
+    return cfg, folder, model, load_tokenizer(folder), saved["tasks"], saved["kb"]
+
+
+def load_size(size: str, sft_steps: int, home: Path, sandbox):
+    """`warm_model` for a scratch size (SIZES), `pretrained_model` for a pretrained one (PRETRAINED)."""
+    if size in PRETRAINED:
+        return pretrained_model(size, sft_steps, home, sandbox)
+    return warm_model(size, sft_steps, home, sandbox)
+
+
+def shipped_as(sft_steps: int) -> str:
+    return f"+{sft_steps} SFT steps" if sft_steps else "as shipped"
+
+
+def per_size(value: str, sizes: list[str], flag: str) -> dict[str, int]:
+    """`--flag 8` (every size) or `--flag tiny=32,smol=12` -> {size: int} for `sizes`."""
+    if "=" not in value:
+        return {size: int(value) for size in sizes}
+    given = {k: int(v) for k, v in (item.split("=") for item in value.split(","))}
+    missing = [size for size in sizes if size not in given]
+    if missing:
+        raise SystemExit(f"{flag} {value}: no entry for {', '.join(missing)}")
+    return given
 
 
 def pure_generation(engine, prompts: list[list[int]], lengths: list[int], sampling, seed: int) -> tuple[int, float]:
@@ -137,9 +236,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engines", default="hf,vllm,vllm-per-turn", help="vllm-per-turn: vLLM with rollout.vllm.sessions off"
     )
-    parser.add_argument("--sft-steps", default="tiny=400,20m=120", help="warm-start SFT steps per size")
-    parser.add_argument("--prompts", type=int, default=32, help="tasks per batch (an RL step's prompts)")
-    parser.add_argument("--group", type=int, default=8, help="samples per task; batch = prompts x group")
+    parser.add_argument(
+        "--sft-steps",
+        default="tiny=400,20m=120,smol=16",
+        help="warm-start SFT steps per size (smol=0: SmolLM2 as it ships, which never calls a tool)",
+    )
+    parser.add_argument(
+        "--prompts",
+        default="tiny=32,20m=32,smol=12",
+        help="tasks per batch (an RL step's prompts), per size or one number for all",
+    )
+    parser.add_argument(
+        "--group",
+        default="tiny=8,20m=8,smol=4",
+        help="samples per task, per size or one number for all; batch = prompts x group",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="measured repeats per mode, after one warm-up")
     parser.add_argument(
         "--tool-cores",
@@ -152,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run each repeat's episodes with tool results replayed (no tool CPU)",
     )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--tag",
+        default=None,
+        help="suffix of the result files (rollout-engines-TAG.*); default: smol when --sizes has it, else none",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -161,15 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     from configs.schema import SandboxConfig
     from environments.base import KnowledgeBase
     from environments.families import build_tools
+    from training.agent.chat import prompt_ids
     from training.agent.engines import HFEngine, Sampling, VLLMEngine
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     args.home.mkdir(parents=True, exist_ok=True)
-    steps = dict(item.split("=") for item in args.sft_steps.split(","))
+    sizes = args.sizes.split(",")
+    steps = per_size(args.sft_steps, sizes, "--sft-steps")
+    n_prompts, groups = per_size(args.prompts, sizes, "--prompts"), per_size(args.group, sizes, "--group")
     rows = []
     with SandboxResource.from_config(SandboxConfig()).open() as box:
-        for size in args.sizes.split(","):
-            cfg, folder, model, tok, tasks, documents = warm_model(size, int(steps[size]), args.home, box)
+        for size in sizes:
+            cfg, folder, model, tok, tasks, documents = load_size(size, steps[size], args.home, box)
+            group = groups[size]
             tools = {
                 name: Replay(tool)
                 for name, tool in build_tools(
@@ -178,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
             }
             by_family = {f: [t for t in tasks if t["family"] == f] for f in ("arithmetic", "search", "code")}
             batch = [
-                t for i in range(args.prompts) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]
+                t for i in range(n_prompts[size]) for t in [by_family[("arithmetic", "search", "code")[i % 3]][i // 3]]
             ]
-            prompts = [tok.encode(t["prompt"], add_special_tokens=False) for t in batch for _ in range(args.group)]
+            # the episodes' own prompts (the chat template with the profile's system prompt; a scratch
+            # prompt renders as its text)
+            prompts = [prompt_ids(tok, t, cfg.rollout.system_prompt) for t in batch for _ in range(group)]
             sampling = Sampling.of(cfg.rollout)
             # A core kept for tools only helps a schedule that generates while tools run (vLLM's); HF's
             # turn-by-turn schedule would leave it idle during generation, so HF runs on every core.
@@ -195,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 if kind == "hf":
                     from training.model import load_policy
 
-                    engine = HFEngine(load_policy(folder))
+                    engine = HFEngine(load_policy(folder), tok)  # the tokenizer: for stop strings (smol)
                 else:  # "vllm": an episode is one session (KV kept between turns); "vllm-per-turn": a request per turn
                     rollout = cfg.rollout.model_copy(
                         update={"vllm": cfg.rollout.vllm.model_copy(update={"sessions": kind == "vllm"})}
@@ -207,13 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                 for repeat in range(args.repeats + 1):  # the first of each is a warm-up, not measured
                     for tool in tools.values():
                         tool.replaying, tool.results, tool.misses = False, {}, 0
-                    agent = agentic(engine, tok, batch, args.group, tools, run_cfg, seed=repeat)
+                    agent = agentic(engine, tok, batch, group, tools, run_cfg, seed=repeat)
                     pure = pure_generation(engine, prompts, agent[4], sampling, seed=repeat)
                     replayed = None
                     if args.replay_tools:
                         for tool in tools.values():
                             tool.replaying = True
-                        replayed = agentic(engine, tok, batch, args.group, tools, run_cfg, seed=repeat)
+                        replayed = agentic(engine, tok, batch, group, tools, run_cfg, seed=repeat)
                     if repeat:
                         pure_runs.append(pure)
                         agent_runs.append(agent[:4])
@@ -234,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                 agent_tps = statistics.median(t / s for t, s, _, _ in agent_runs)
                 rows.append(
                     {
-                        "size": size,
+                        # a pretrained size's label says how it ran: as it ships or warm-started
+                        "size": size if size not in PRETRAINED else f"{size} ({shipped_as(steps[size])})",
                         "engine": kind,
                         "tool_cores": tool_cores,
                         "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
@@ -264,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     args.out.mkdir(parents=True, exist_ok=True)
     replay = args.replay_tools
-    name = "rollout-engines-replay" if replay else "rollout-engines"
+    tag = args.tag if args.tag is not None else ("smol" if "smol" in sizes else "")
+    name = "-".join(part for part in ("rollout-engines", tag, "replay" if replay else "") if part)
     (args.out / f"{name}.json").write_text(
         json.dumps(
             {"command": " ".join(["benchmarks/rollout_engines.py", *(argv or sys.argv[1:])]), "rows": rows}, indent=1

@@ -1,6 +1,7 @@
 """One GRPO step of ours against one of TRL's `GRPOTrainer`, on the same work, alternating (issue 9, part 1).
 
     .venv/bin/python benchmarks/trl_side_by_side.py --home /tmp/rollout-bench [--sizes tiny,20m] [--steps 6]
+    .venv/bin/python benchmarks/trl_side_by_side.py --home /tmp/rollout-bench --sizes smol   # SmolLM2-135M-Instruct
 
 TRL is not a dependency of the product: `bash scripts/setup.sh --bench` installs its pin into `.venv`.
 
@@ -30,13 +31,44 @@ parent alternates them (the first mover alternating too), so both see the same m
 A step is timed from "go" to the end of its optimizer step. Peak RSS is the child's process tree
 (sandbox workers included) sampled every 0.2 s during its steps. The first `--warmup` steps of
 each side are not counted. Writes benchmarks/results/trl-side-by-side.{json,md,png}.
+
+The size `smol` is the real SmolLM2-135M-Instruct (134.5M parameters; benchmarks/rollout_engines.py
+`pretrained_model`), with the `smol` profile's tokenizer, ChatML template and system prompt
+(`rollout.system_prompt`), and that profile's settings that would change the work set back to the
+scratch sizes' (SMOL_SAME_WORK: HF engine, no dynamic sampling, no TIS, no batch cap); both sides
+train in fp32 (the profile's bf16 autocast is not used). Its tokenizer splits every tag into several
+tokens (`</code>` is `</`, `code`, `>`), so the same work needs more than a chat template on TRL's side:
+- turns stop on the tags' text on both sides: ours as our loop does (`TurnStops`), TRL's through
+  `generation_kwargs={"stop_strings": ...}` (transformers' StopStringCriteria: the token that completes
+  the string ends the row, as in our engines), with `<|im_end|>` and `<|endoftext|>` as EOS. generate
+  pads a stopped row with the pad id, which on SmolLM2 is its EOS, and TRL keeps one of those as if
+  sampled: each turn is cut back to the token that completed its stop;
+- CHATML_PROTOCOL_CHAT_TEMPLATE renders the protocol inside ChatML as our loop lays it out
+  (training/agent/chat.py: the episode is one assistant message, `<|im_end|>` only at its end), and
+  TRL's prompts come out as the same ids as ours (checked at start-up);
+- tool output is appended as ids encoded on their own (training/sequences.py `encode_observation`),
+  which no re-tokenized text reproduces: BPE merges `</code><interpreter>` across the tags into a
+  `><` token. So TRL's tool suffix (`_get_tool_suffix_ids`, a render-and-diff of the template) is
+  replaced by `encode_observation`, and its start-up check that the template is prefix-preserving
+  under tokenization (which fails on that merge) is skipped; both are TRL 1.16 internals (pinned);
+- the reward function's tool mask is found from the text (`<interpreter>…</interpreter>`).
+As it ships, SmolLM2 never writes a tool call with the profile's system prompt (0 of 32 arithmetic
+episodes of up to 128 tokens here, 0 of 900 benchmark episodes in docs/results.md: it answers in prose
+or a markdown code block), so its steps would be single-turn. By default it is warm-started first
+(`--sft-steps smol=16`: rollout_engines.SMOL_WARM_START, cached in --home); `smol=0` runs it as it
+ships. Defaults for smol: 8 prompts x 4 samples, lr 5e-6 (a pretrained 135M: small steps keep the
+measured steps' work alike). Writes benchmarks/results/trl-side-by-side-smol.{json,md,png} when
+--sizes has smol (--tag names another suffix).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -82,6 +114,46 @@ PROTOCOL_RESPONSE_TEMPLATE = {
         "content": {"close_pattern": r"<\|endoftext\|>|$", "content": "text"},
     },
 }
+# The protocol inside ChatML, as our agent loop lays out a ChatML model's episode (training/agent/chat.py):
+# system and user turns as the model's own template renders them, then the whole episode as one
+# assistant message, `<code>…</code>` calls and `<interpreter>…</interpreter>` output inside it, and
+# `<|im_end|>` only after the message that calls no tool. Every prompt has a system message (the
+# profile's), so SmolLM2's default system prompt never applies.
+CHATML_PROTOCOL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'user' or message.role == 'system' -%}"
+    "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+    "{{ message.content or '' }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- if call.function.name == 'code' -%}<code>{{ call.function.arguments.code | default('') }}</code>"
+    "{%- else -%}<{{ call.function.name }}>{{ call.function.arguments | tojson }}</{{ call.function.name }}>{%- endif -%}"  # no such tool here
+    "{%- endfor -%}"
+    "{%- if not message.tool_calls -%}{{ '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- elif message.role == 'tool' -%}<interpreter>{{ message.content }}</interpreter>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt and (not messages or messages[-1].role in ('system', 'user')) -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- endif -%}"
+)
+# Its response template: the same fields, the message ending at ChatML's end of turn.
+CHATML_PROTOCOL_RESPONSE_TEMPLATE = {
+    **PROTOCOL_RESPONSE_TEMPLATE,
+    "fields": {
+        **PROTOCOL_RESPONSE_TEMPLATE["fields"],
+        "content": {"close_pattern": r"<\|im_end\|>|$", "content": "text"},
+    },
+}
+# The smol profile's settings that would make our side do other work than TRL's (the scratch sizes
+# run the tiny profile's values): its vLLM engine, DAPO's refills, TIS against vLLM, the batch cap.
+SMOL_SAME_WORK = {
+    "rollout.engine": "hf",
+    "rollout.max_batch_size": None,
+    "rl.dynamic_sampling": False,
+    "rl.tis_cap": None,
+}
 
 
 # --------------------------------------------------------------------------- the shared job
@@ -103,6 +175,36 @@ def observation_mask(ids: list[int], open_id: int, close_id: int) -> list[int]:
         mask.append(0 if inside else 1)
         inside = inside and token != close_id
     return mask
+
+
+def text_observation_mask(texts: list[str]) -> tuple[list[int], int]:
+    """`observation_mask` for tags written as text over several tokens (`texts`: each id's text): 0 on
+    the tokens of `<interpreter>…</interpreter>` (appended as ids of their own, so they start and end
+    on token boundaries), and the number of `</code>` outside them (the tool calls)."""
+    from verifiers.protocol import CODE_CLOSE, OBS_CLOSE, OBS_OPEN
+
+    text = "".join(texts)
+    observation = re.escape(OBS_OPEN) + ".*?(?:" + re.escape(OBS_CLOSE) + r"|\Z)"
+    spans = [m.span() for m in re.finditer(observation, text, re.S)]
+    mask, start = [], 0
+    for piece in texts:
+        end = start + len(piece)
+        mask.append(0 if any(a < max(end, start + 1) and start < b for a, b in spans) else 1)
+        start = end
+    policy_text = "".join(piece for piece, m in zip(texts, mask) if m)
+    return mask, policy_text.count(CODE_CLOSE)
+
+
+def turn_length(texts: list[str], stops: tuple[str, ...]) -> int:
+    """Tokens up to the one that completes the first of `stops` (all of them if none does): where our
+    engines end a turn (training/agent/engines.py)."""
+    keep, tail = max(map(len, stops)) - 1, ""
+    for k, piece in enumerate(texts):
+        window = tail + piece
+        if any(stop in window for stop in stops):
+            return k + 1
+        tail = window[-keep:]
+    return len(texts)
 
 
 class Stages:
@@ -154,6 +256,78 @@ class Gate:
         self.wait()
 
 
+def use_single_token_tags(model, tok):
+    """TRL's side of the protocol on the scratch tokenizer (every tag one token): its templates, and
+    the closing tags' ids as EOS. Returns a completion's (tool mask, tool calls)."""
+    from training.tokenizer import tag_ids
+    from verifiers.protocol import ANSWER_CLOSE, CODE_CLOSE, OBS_CLOSE, OBS_OPEN
+
+    tags = tag_ids(tok)
+    tok.chat_template = PROTOCOL_CHAT_TEMPLATE
+    tok.response_template = PROTOCOL_RESPONSE_TEMPLATE
+    model.generation_config.eos_token_id = [tok.eos_token_id, tags[CODE_CLOSE], tags[ANSWER_CLOSE]]  # our stops
+    return lambda ids: (observation_mask(ids, tags[OBS_OPEN], tags[OBS_CLOSE]), ids.count(tags[CODE_CLOSE]))
+
+
+def token_texts(tok):
+    """ids -> each id's text (cached per id). The tags are ASCII, so finding them in the concatenation
+    finds what finding them in the decoded sequence would (as training/agent/engines.py HFEngine)."""
+
+    @functools.cache
+    def one(token: int) -> str:
+        return tok.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return lambda ids: [one(token) for token in ids]
+
+
+def use_text_tags(model, tok, stops):
+    """TRL's side of the protocol on a tokenizer that splits the tags (SmolLM2; module docstring): the
+    ChatML templates, the end-of-turn ids as EOS (the stop strings go in GRPOConfig.generation_kwargs).
+    Returns a completion's (tool mask, tool calls)."""
+    tok.chat_template = CHATML_PROTOCOL_CHAT_TEMPLATE
+    tok.response_template = CHATML_PROTOCOL_RESPONSE_TEMPLATE
+    model.generation_config.eos_token_id = sorted(stops.end_ids)
+    # generate's stop strings need the tokenizer, which TRL does not pass
+    model.generate = functools.partial(model.generate, tokenizer=tok)
+    texts = token_texts(tok)
+    return lambda ids: text_observation_mask(texts(ids))
+
+
+@contextlib.contextmanager
+def prefix_check_skipped():
+    """GRPOTrainer's start-up check that the chat template is prefix-preserving *as tokens*, which no
+    template of the text-tag protocol is (BPE merges `</code><interpreter>` into `...><...`); the tool
+    suffix it guards is replaced by `append_ids_and_cut_turns`. TRL 1.16 internals (pinned)."""
+    from unittest import mock
+
+    from trl.trainer import grpo_trainer
+
+    with mock.patch.object(grpo_trainer, "is_chat_template_prefix_preserving", return_value=True):
+        yield
+
+
+def append_ids_and_cut_turns(trainer, tok, stops: tuple[str, ...]) -> None:
+    """Make TRL's tool loop produce our loop's token sequences on a text-tag tokenizer (module
+    docstring): a tool result is appended as `encode_observation`'s ids (TRL's `_get_tool_suffix_ids`
+    would re-tokenize a rendered dummy conversation), and each generated turn is cut at the token that
+    completed its stop (generate pads a stopped row with the pad id, SmolLM2's EOS, and TRL keeps one).
+    TRL 1.16 internals (pinned)."""
+    from training.sequences import encode_observation
+
+    trainer._get_tool_suffix_ids = lambda tool_messages: [
+        token for message in tool_messages for token in encode_observation(tok, str(message["content"]))
+    ]
+    generate, texts = trainer._generate_single_turn, token_texts(tok)
+
+    def cut(*args, **kwargs):
+        ids, logprobs = generate(*args, **kwargs)
+        ends = [turn_length(texts(row), stops) for row in ids]
+        ids = [row[:end] for row, end in zip(ids, ends)]
+        return ids, None if logprobs is None else [row[:end] for row, end in zip(logprobs, ends)]
+
+    trainer._generate_single_turn = cut
+
+
 def _sandbox():
     from assets.resources import SandboxResource
     from configs.schema import SandboxConfig
@@ -168,14 +342,14 @@ def run_ours(job: dict, gate: Gate) -> None:
     import training.rl.loop as rl_loop
     from configs import load_profile
     from environments.families import build_tools
+    from training.agent.chat import prompt_ids
     from training.model import load_policy, load_tokenizer
     from verifiers.cascade import Cascade
 
     torch.set_num_threads(job["threads"])
     folder, steps = Path(job["folder"]), job["steps"]
-    longest = max(len(t["prompt"]) for batch in steps for t in batch)  # characters bound tokens from above
     cfg = load_profile(
-        "tiny",
+        job["profile"],
         {
             **job["overrides"],
             "rl.group_size": job["group"],
@@ -195,6 +369,11 @@ def run_ours(job: dict, gate: Gate) -> None:
     )
     policy, reference, tok = load_policy(folder), load_policy(folder), load_tokenizer(folder)
     reference.requires_grad_(False).eval()
+    system_prompt = cfg.rollout.system_prompt
+    if system_prompt is None:  # a scratch prompt is its text: characters bound tokens from above
+        longest = max(len(t["prompt"]) for batch in steps for t in batch)
+    else:  # a chat template around it, the system prompt most of it: the rendered prompt's tokens
+        longest = max(len(prompt_ids(tok, t, system_prompt)) for batch in steps for t in batch)
     # The completion budget: ours counts prompt + completion, so each prompt gets exactly
     # `completion_tokens` more. A per-episode total is not a config field; the longest prompt's is the
     # closest fixed one, which only matters to the rare trajectory that reaches the limit.
@@ -261,11 +440,11 @@ def run_trl(job: dict, gate: Gate) -> None:
 
     from configs import load_profile
     from environments.families import build_tools
+    from training.agent.chat import messages, prompt_ids
+    from training.agent.loop import TurnStops
     from training.model import load_policy, load_tokenizer
     from training.rl.scoring import score_records
-    from training.tokenizer import tag_ids
     from verifiers.cascade import Cascade
-    from verifiers.protocol import ANSWER_CLOSE, CODE_CLOSE, OBS_CLOSE, OBS_OPEN
 
     if trl.__version__ != TRL_PIN:
         raise SystemExit(
@@ -273,18 +452,14 @@ def run_trl(job: dict, gate: Gate) -> None:
         )
     torch.set_num_threads(job["threads"])
     folder, steps, group = Path(job["folder"]), job["steps"], job["group"]
-    cfg = load_profile("tiny", job["overrides"])
+    cfg = load_profile(job["profile"], job["overrides"])
+    system_prompt = cfg.rollout.system_prompt
     model, tok = load_policy(folder), load_tokenizer(folder)
-    tags = tag_ids(tok)
-    tok.chat_template = PROTOCOL_CHAT_TEMPLATE
-    tok.response_template = PROTOCOL_RESPONSE_TEMPLATE
-    model.generation_config.eos_token_id = [tok.eos_token_id, tags[CODE_CLOSE], tags[ANSWER_CLOSE]]  # our stops
     by_id = {t["task_id"]: t for batch in steps for t in batch}
-    rows = [
-        {"prompt": [{"role": "user", "content": t["prompt"]}], "task_id": t["task_id"]}
-        for batch in steps
-        for t in batch
-    ]
+    ours = {tid: prompt_ids(tok, t, system_prompt) for tid, t in by_id.items()}  # our loop's prompts (its template)
+    stops = TurnStops.of(tok)  # the tags as single ids (scratch) or as text (smol): what ends our turns
+    mask_and_calls = use_text_tags(model, tok, stops) if stops.strings else use_single_token_tags(model, tok)
+    rows = [{"prompt": messages(t, system_prompt), "task_id": t["task_id"]} for batch in steps for t in batch]
     seen = {"step": 0}
     counts: dict = {}
     stages = Stages()
@@ -306,7 +481,7 @@ def run_trl(job: dict, gate: Gate) -> None:
             records = []
             for i, (ids, tid) in enumerate(zip(completion_ids, task_id)):
                 task = by_id[tid]
-                mask = observation_mask(ids, tags[OBS_OPEN], tags[OBS_CLOSE])
+                mask, calls = mask_and_calls(ids)
                 records.append(
                     {
                         "trajectory_id": f"s{seen['step']}-{i}",
@@ -318,7 +493,7 @@ def run_trl(job: dict, gate: Gate) -> None:
                         "step": seen["step"],
                         "completion_ids": ids,
                         "tool_mask": mask,
-                        "num_tool_calls": ids.count(tags[CODE_CLOSE]),
+                        "num_tool_calls": calls,
                     }
                 )
             scores = stages.wrap("verification", score_records)(records, by_id, tok, cascade)
@@ -376,17 +551,30 @@ def run_trl(job: dict, gate: Gate) -> None:
             adam_beta2=0.99,
             weight_decay=0.0,
             max_grad_norm=GRAD_CLIP,
+            # tags over several tokens: turns stop on their text (transformers' StopStringCriteria)
+            generation_kwargs={"stop_strings": list(stops.strings)} if stops.strings else None,
         )
-        trainer = trl.GRPOTrainer(
-            model=model,
-            reward_funcs=verified_reward,
-            args=args,
-            train_dataset=Dataset.from_list(rows),
-            processing_class=tok,
-            tools=[code],
-            callbacks=[Alternate()],
-        )
+        with prefix_check_skipped() if stops.strings else contextlib.nullcontext():
+            trainer = trl.GRPOTrainer(
+                model=model,
+                reward_funcs=verified_reward,
+                args=args,
+                train_dataset=Dataset.from_list(rows),
+                processing_class=tok,
+                tools=[code],
+                callbacks=[Alternate()],
+            )
+        if stops.strings:
+            append_ids_and_cut_turns(trainer, tok, stops.strings)
         trainer._generate_single_turn = stages.wrap("generation", trainer._generate_single_turn)
+        for row in rows:  # the same prompt ids on both sides
+            theirs = tok.apply_chat_template(
+                row["prompt"], tools=[code], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            if theirs != ours[row["task_id"]]:
+                raise SystemExit(
+                    f"TRL's prompt of task {row['task_id']} is not ours: {theirs} vs {ours[row['task_id']]}"
+                )
         gate.send({"ready": True})
         gate.wait()
         trainer.train()
@@ -507,28 +695,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="tiny,20m")
     parser.add_argument(
         "--sft-steps",
-        default="tiny=400,20m=400",
-        help="warm-start SFT steps per size (20m: 150 steps left it calling tools too rarely)",
+        default="tiny=400,20m=400,smol=16",
+        help="warm-start SFT steps per size (20m: 150 steps left it calling tools too rarely; "
+        "smol=0: SmolLM2 as it ships, which never calls a tool)",
     )
     parser.add_argument(
         "--prompts",
-        default="tiny=32,20m=16",
+        default="tiny=32,20m=16,smol=8",
         help="prompts per step per size (the tiny profile: 32) (x --group trajectories)",
     )
-    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--group", default="tiny=8,20m=8,smol=4", help="samples per prompt, per size or one for all")
     parser.add_argument("--steps", type=int, default=6, help="measured steps per side")
     parser.add_argument("--warmup", type=int, default=1, help="steps per side not measured")
     parser.add_argument("--completion-tokens", type=int, default=128)
     parser.add_argument("--tool-turns", type=int, default=3)
     parser.add_argument(
         "--lr",
-        default="tiny=2e-4,20m=2e-5",
+        default="tiny=2e-4,20m=2e-5,smol=5e-6",
         help="learning rate per size, both sides (tiny: the profile's; at 2e-4 "
-        "the 20m policy stops calling tools after one step, and the steps measured are no longer agentic)",
+        "the 20m policy stops calling tools after one step, and the steps measured are no longer agentic; "
+        "smol: a pretrained 135M, where small steps keep the measured steps' work alike)",
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--replot", action="store_true", help="only redraw trl-side-by-side.png from the JSON in --out")
+    parser.add_argument(
+        "--tag",
+        default=None,
+        help="suffix of the result files (trl-side-by-side-TAG.*); default: smol when --sizes has it, else none",
+    )
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw trl-side-by-side[-TAG].png from the JSON in --out"
+    )
     parser.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -539,13 +736,20 @@ def main(argv: list[str] | None = None) -> int:
         (run_ours if args.child == "ours" else run_trl)(job, gate)
         return 0
 
+    sizes = args.sizes.split(",")
+    tag = args.tag if args.tag is not None else ("smol" if "smol" in sizes else "")
+    stem = "-".join(part for part in ("trl-side-by-side", tag) if part)
     if args.replot:
-        results = args.out / "trl-side-by-side.json"
+        results = args.out / f"{stem}.json"
         if not results.exists():
             parser.error(f"--replot: {results} does not exist; run the benchmark first")
-        plot(json.loads(results.read_text())["rows"], args.out / "trl-side-by-side.png")
+        plot(json.loads(results.read_text())["rows"], args.out / f"{stem}.png")
         return 0
-    if args.steps < 1 or args.warmup < 0 or args.group < 2:
+
+    from benchmarks.rollout_engines import PRETRAINED, SIZES, load_size, per_size, shipped_as
+
+    groups = per_size(args.group, sizes, "--group")
+    if args.steps < 1 or args.warmup < 0 or min(groups.values()) < 2:
         parser.error("--steps must be >= 1, --warmup >= 0 and --group >= 2 (GRPO needs a group)")
     try:
         import trl
@@ -556,26 +760,27 @@ def main(argv: list[str] | None = None) -> int:
             f"TRL {trl.__version__} is installed; this benchmark is pinned to {TRL_PIN}: run `bash scripts/setup.sh --bench`"
         )
 
-    from benchmarks.rollout_engines import SIZES, warm_model
-
     sft_steps = dict(item.split("=") for item in args.sft_steps.split(","))
     prompts = dict(item.split("=") for item in args.prompts.split(","))
     rates = dict(item.split("=") for item in args.lr.split(","))
     rows = []
-    for size in args.sizes.split(","):
-        if size not in SIZES or size not in sft_steps or size not in prompts or size not in rates:
+    for size in sizes:
+        if (size not in SIZES and size not in PRETRAINED) or any(size not in d for d in (sft_steps, prompts, rates)):
             parser.error(
-                f"--sizes: {size!r} needs an entry in SIZES ({', '.join(SIZES)}), --sft-steps, --prompts and --lr"
+                f"--sizes: {size!r} needs an entry in SIZES ({', '.join(SIZES)}) or PRETRAINED ({', '.join(PRETRAINED)}), "
+                "--sft-steps, --prompts and --lr"
             )
         with _sandbox() as box:
-            cfg, folder, model, _, tasks, _ = warm_model(size, int(sft_steps[size]), args.home, box)
+            cfg, folder, model, _, tasks, _ = load_size(size, int(sft_steps[size]), args.home, box)
         n_params = sum(p.numel() for p in model.parameters())
         del model
         total = args.warmup + args.steps
         job = {
             "folder": str(folder),
-            "overrides": SIZES[size],
-            "group": args.group,
+            # a pretrained size runs its own profile, less what would change the work (SMOL_SAME_WORK)
+            "profile": PRETRAINED.get(size, "tiny"),
+            "overrides": SMOL_SAME_WORK if size in PRETRAINED else SIZES[size],
+            "group": groups[size],
             "prompts": int(prompts[size]),
             "threads": args.threads,
             "lr": float(rates[size]),
@@ -583,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
             "tool_turns": args.tool_turns,
             "steps": step_tasks(tasks, int(prompts[size]), total),
         }
+        # a pretrained size's label says how it ran: as it ships or warm-started
+        label = size if size not in PRETRAINED else f"{size} ({shipped_as(int(sft_steps[size]))})"
         with tempfile.TemporaryDirectory() as tmp:
             job_file = Path(tmp) / "job.json"
             job_file.write_text(json.dumps(job))
@@ -604,10 +811,10 @@ def main(argv: list[str] | None = None) -> int:
         ours, theirs = summarize(sides[0], args.warmup), summarize(sides[1], args.warmup)
         rows.append(
             {
-                "size": size,
+                "size": label,
                 "parameters_m": round(n_params / 1e6, 2),
                 "prompts": int(prompts[size]),
-                "group": args.group,
+                "group": groups[size],
                 "lr": float(rates[size]),
                 "ours": ours,
                 "trl": theirs,
@@ -624,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(
         [".venv/bin/python benchmarks/trl_side_by_side.py", *(argv if argv is not None else sys.argv[1:])]
     )
-    (args.out / "trl-side-by-side.json").write_text(
+    (args.out / f"{stem}.json").write_text(
         json.dumps(
             {
                 "command": command,
@@ -636,8 +843,9 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
+    group = " / ".join(sorted({str(groups[size]) for size in sizes}))
     lines = [
-        f"`{command}` (TRL {TRL_PIN}, group {args.group}, {args.completion_tokens} completion tokens, {args.tool_turns} tool turns, "
+        f"`{command}` (TRL {TRL_PIN}, group {group}, {args.completion_tokens} completion tokens, {args.tool_turns} tool turns, "
         f"median of {args.steps} steps after {args.warmup} warm-up)",
         "",
         "| size | params (M) | trajectories / step | lr | side | step wall, median (min-max) s | generated tok/s | trained tok/s | peak RSS (MB) "
@@ -652,9 +860,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {s['generated_tokens_per_s']} | {s['trained_tokens_per_s']} | {s['peak_rss_mb']:,} | {s['tool_call_rate']} | {s['reward_mean']} "
                 f"| {'**' + str(r['ratio_ours_over_trl']) + '**' if name == 'ours' else ''} |"
             )
-    plot(rows, args.out / "trl-side-by-side.png")
+    plot(rows, args.out / f"{stem}.png")
     table = "\n".join(lines)
-    (args.out / "trl-side-by-side.md").write_text(table + "\n")
+    (args.out / f"{stem}.md").write_text(table + "\n")
     print(table)
     return 0
 
