@@ -138,7 +138,7 @@ class HFEngine:
     weight sync is free (the tensors are shared), so after an update the next rollout already
     uses the new weights.
 
-    Work it does not repeat (each exact up to float rounding; tests/training/test_rollout_engines.py):
+    Work it does not repeat (each exact up to float rounding; tests/training/test_hf_engine_work.py):
 
     * **KV across turns** (`reuse_kv`): with `keys` (one per episode), a row's KV cache is kept when
       its turn ends, and the episode's next turn prefills only the new tokens (the observation)
@@ -166,7 +166,7 @@ class HFEngine:
         self.reuse_kv, self.share_prompts, self.drop_stopped_at = reuse_kv, share_prompts, drop_stopped_at
         self._texts: dict[int, str] = {}
         self._kept: dict[str, _KV] = {}
-        # what the passes computed, for benchmarks/hf_engine_turns.py: tokens fed to the model
+        # what the passes computed, for benchmarks/hf_engine_work.py and rl_step_profile.py: tokens fed to the model
         # (padding included) and the real ones among them
         self.counts = {"prefill computed": 0, "prefill real": 0, "decode computed": 0, "decode real": 0}
 
@@ -291,7 +291,8 @@ class HFEngine:
         # 1. prefill: each row on its episode's kept KV when it continues one; identical rows once
         priors: list[_KV | None] = [None] * B
         if keys is not None:
-            self._kept = {k: kv for k, kv in self._kept.items() if k in set(keys)}  # the rest end here
+            wanted = set(keys)
+            self._kept = {k: kv for k, kv in self._kept.items() if k in wanted}  # the rest end here
             for i, (key, seq) in enumerate(zip(keys, sequences)):
                 kv = self._kept.pop(key, None)
                 if kv is not None and len(kv.ids) < len(seq) and seq[: len(kv.ids)] == kv.ids:
@@ -309,7 +310,8 @@ class HFEngine:
         )
         del priors
         if len(computed) < B:  # copy the shared rows' cache out to every row
-            spread = torch.tensor([computed.index(u) for u in unique], device=device)
+            position = {row: k for k, row in enumerate(computed)}
+            spread = torch.tensor([position[u] for u in unique], device=device)
             cache.reorder_cache(spread)
             logits, attention, positions = logits[spread], attention[spread], positions[spread]
         next_pos = positions[:, -1:] + 1
