@@ -21,10 +21,7 @@ Writes benchmarks/results/hf-engine-work.{json,md}.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,52 +29,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.warm_bench import commit, families_in_turn, parse_args, warm_policies, write_results  # noqa: E402
+
 BEFORE = {"reuse_kv": False, "share_prompts": False, "drop_stopped_at": 0.5}
 PROMPTS, GROUP = 32, 8
 
 
-def batch(tasks: list[dict]) -> list[dict]:
-    """The tiny profile's step: 32 prompts, the families in turn."""
-    by_family: dict[str, list[dict]] = {}
-    for t in tasks:
-        by_family.setdefault(t["family"], []).append(t)
-    families = sorted(by_family)
-    return [by_family[families[i % len(families)]][i // len(families)] for i in range(PROMPTS)]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--home", type=Path, default=Path("/tmp/rollout-bench"))
-    parser.add_argument("--sizes", default="tiny,20m")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sft-steps", type=int, default=400)
-    args = parser.parse_args(argv)
-
-    import torch
+    args = parse_args(__doc__, argv)
 
     from assets.resources import SandboxResource
-    from benchmarks.rollout_engines import Replay, warm_model
+    from benchmarks.rollout_engines import Replay
     from configs.schema import SandboxConfig
-    from environments.base import KnowledgeBase
-    from environments.families import build_tools
     from training.agent.engines import HFEngine
     from training.agent.loop import run_episodes
 
-    torch.set_num_threads(2)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     rows = []
-    args.home.mkdir(parents=True, exist_ok=True)
     with SandboxResource.from_config(SandboxConfig()).open() as sandbox:
-        for size in args.sizes.split(","):
-            cfg, _, model, tok, tasks, documents = warm_model(size, args.sft_steps, args.home, sandbox)
-            model.eval()
-            tools = {
-                name: Replay(tool)
-                for name, tool in build_tools(
-                    sandbox=sandbox, kb=KnowledgeBase([], {}, documents), top_k=cfg.data.knowledge_base.top_k
-                ).items()
-            }
-            prompts = batch(tasks)
+        for size, cfg, model, tok, tasks, real_tools in warm_policies(args, sandbox):
+            tools = {name: Replay(tool) for name, tool in real_tools.items()}
+            prompts = families_in_turn(tasks, PROMPTS)
 
             def rollout(engine, tok=tok, prompts=prompts, tools=tools, cfg=cfg):
                 start = time.perf_counter()
@@ -123,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             rows[-1]["speedup"] = rows[-2]["wall_median_s"] / rows[-1]["wall_median_s"]
 
-    out = ROOT / "benchmarks" / "results"
     header = (
-        f"# HF engine work, before and after (commit {commit.stdout.strip()})\n\n"
+        f"# HF engine work, before and after (commit {commit()})\n\n"
         f"`.venv/bin/python benchmarks/hf_engine_work.py --sizes {args.sizes} --repeats {args.repeats}`: "
         f"{PROMPTS} prompts x {GROUP} samples, tool results replayed, medians of {args.repeats} rollouts per side, "
         "alternating.\n\n"
@@ -141,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         + " |"
         for r in rows
     ]
-    (out / "hf-engine-work.md").write_text(header + "\n".join(lines) + "\n")
-    (out / "hf-engine-work.json").write_text(json.dumps({"commit": commit.stdout.strip(), "rows": rows}, indent=1))
-    print(header + "\n".join(lines))
+    write_results("hf-engine-work", header, lines, rows)
     return 0
 
 

@@ -13,7 +13,9 @@ wrapped from outside, for the round only, with timers:
   tools            each Tool's `call_many`. Busy: summed over tool batches (code and search batches
                    run at the same time). Wall: the union of their intervals minus any overlap with
                    generation, i.e. the part of the step that only tools hold up
-  verification     `score_records` (the cascade: fast checks, then sandboxed tests / math / EM)
+  verification     the cascade (fast checks, then sandboxed tests / math / EM) verifies episodes as they
+                   finish, during generation (training/rl/scoring.py::Verifying): the step's wait for
+                   it after the rollout
   old log-probs    `recorded_logprobs` on the policy (a forward pass; skipped by train_round when the
                    update is strictly on-policy, which the tiny profile's 2 minibatches are not)
   ref log-probs    `recorded_logprobs` on the reference (a forward pass)
@@ -261,7 +263,7 @@ class RoundProbe:
     WRAPPED = (
         "run_episodes",
         "build_rollout_engine",
-        "score_records",
+        "Verifying",
         "recorded_logprobs",
         "policy_loss_fn",
         "build_engine",
@@ -279,11 +281,18 @@ class RoundProbe:
         self.hooks: list = []
 
     def patches(self, rl_loop) -> list:
-        ours = {
-            name: self.clock.timed("verification", self.real[name]) if name == "score_records" else getattr(self, name)
-            for name in self.WRAPPED
-        }
+        ours = {name: getattr(self, name) for name in self.WRAPPED}
         return [mock.patch.object(rl_loop, name, wrapper) for name, wrapper in ours.items()]
+
+    @property
+    def Verifying(self):  # noqa: N802 - stands in for the class it wraps
+        clock, real = self.clock, self.real["Verifying"]
+
+        class TimedVerifying(real):
+            def results(self, episodes):
+                return clock.timed("verification", super().results)(episodes)
+
+        return TimedVerifying
 
     def run_episodes(self, *args, **kwargs):
         episodes = self.clock.timed("rollout", self.real["run_episodes"])(*args, **kwargs)

@@ -209,8 +209,9 @@ def turn_length(texts: list[str], stops: tuple[str, ...]) -> int:
 
 class Stages:
     """Seconds per stage within the current step: generation (the model sampling), tools (the
-    interpreter's calls), verification (our cascade); the step's remainder is training (log-prob
-    passes, loss, backward, optimizer) and bookkeeping. The same cut on both sides."""
+    interpreter's calls), verification (our cascade runs during generation: what the step waits for
+    after it); the step's remainder is training (log-prob passes, loss, backward, optimizer) and
+    bookkeeping. The same cut on both sides."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -394,7 +395,8 @@ def run_ours(job: dict, gate: Gate) -> None:
         return engine
 
     rl_loop.build_rollout_engine = timed_engine
-    rl_loop.score_records = stages.wrap("verification", rl_loop.score_records)
+    # our cascade verifies during generation: what the step waits for after it is verification's share
+    rl_loop.Verifying.results = stages.wrap("verification", rl_loop.Verifying.results)
 
     def on_step(step: int, metrics: dict) -> None:
         n = job["prompts"] * job["group"]

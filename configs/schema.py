@@ -295,6 +295,12 @@ class RolloutConfig(_Strict):
         description="CPU machines: cores kept for tool processes (the sandbox) during a rollout; the engine's threads "
         "run on the others. 0: no placement. For machines with cores to spare for tools; on 2 cores it did not pay (docs/rollout.md).",
     )
+    verify_during_rollout: bool = Field(
+        False,
+        description="Verify episodes on a background thread as they finish, while the rest still generate "
+        "(training/rl/scoring.py::Verifying). Pays where generation is not on the CPU (GPU profiles); on a 2-core "
+        "CPU verification takes the engine's cores and the rollout slows as much as it saves (docs/performance.md).",
+    )
     vllm: VLLMConfig = VLLMConfig()
     max_turns: int = Field(
         4, ge=1, description="Policy turns per episode (each tool call ends a turn); 3-hop search needs 4."

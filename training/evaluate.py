@@ -16,7 +16,7 @@ from configs.schema import RolloutConfig
 from environments.tools import Tool
 from training.agent.engines import RolloutEngine
 from training.agent.loop import run_episodes
-from training.rl.scoring import episode_record, score_records
+from training.rl.scoring import Verifying, episode_record
 from verifiers.cascade import Cascade
 
 
@@ -38,23 +38,28 @@ def evaluate_policy(
     k = 1 if greedy else samples_per_task
     rows = []
     per_batch = max(1, batch_size // k)
+    by_id = {t["task_id"]: t for t in tasks}
+
+    def to_record(episode):
+        return episode_record(episode, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer)
+
     for start in range(0, len(tasks), per_batch):
         chunk = tasks[start : start + per_batch]
-        episodes = run_episodes(
-            engine,
-            tokenizer,
-            chunk,
-            group_size=k,
-            tools=tools,
-            cfg=rollout,
-            greedy=greedy,
-            temperature=temperature,
-            sampling_key=f"benchmark/seed={seed}",
-        )
-        records = [
-            episode_record(e, round_index=0, step=0, policy_version="eval", tokenizer=tokenizer) for e in episodes
-        ]
-        scores = score_records(records, {t["task_id"]: t for t in chunk}, tokenizer, cascade)
+        # finished episodes are verified while the rest of the batch generates (if the profile says so)
+        with Verifying(to_record, by_id, tokenizer, cascade, background=rollout.verify_during_rollout) as verifying:
+            episodes = run_episodes(
+                engine,
+                tokenizer,
+                chunk,
+                group_size=k,
+                tools=tools,
+                cfg=rollout,
+                greedy=greedy,
+                temperature=temperature,
+                sampling_key=f"benchmark/seed={seed}",
+                on_finished=verifying,
+            )
+            records, scores = verifying.results(episodes)
         failpoint("benchmark")
         by_task: dict[str, list] = {}
         for record, score in zip(records, scores):

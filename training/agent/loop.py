@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -192,6 +192,7 @@ def run_episodes(
     temperature: float | None = None,
     group_prefix: str = "",
     sampling_key: str | None = None,
+    on_finished: Callable[[list[Episode]], None] | None = None,
 ) -> list[Episode]:
     """Roll out `group_size` episodes per task (one GRPO group per task) with `engine`. `tools`
     maps a tool name to the tool; an episode may call the tools its family offers (`TaskFamily.tools`).
@@ -200,8 +201,14 @@ def run_episodes(
 
     Each episode samples from its own seed, a hash of (`sampling_key`, task id, sample index)
     (training/agent/sampling_keys.py), so its ids do not depend on which rank, batch or position it
-    ran in. Without a `sampling_key`, one is drawn from `generator` (seed 0 if None)."""
+    ran in. Without a `sampling_key`, one is drawn from `generator` (seed 0 if None).
+
+    `on_finished(episodes)` is called with each batch of episodes as soon as they are done, while
+    the others still generate (the caller verifies them meanwhile: training/rl/scoring.py::Verifying);
+    every episode is passed exactly once, and a finished episode is never touched again."""
     loop = _Loop(tokenizer, tools, cfg, Sampling.of(cfg, greedy=greedy, temperature=temperature))
+    if on_finished is not None:
+        loop.on_finished = on_finished
     if sampling_key is None:
         sampling_key = str(seeds_from(generator, 1)[0])
     prompts = {t["task_id"]: prompt_ids(tokenizer, t, cfg.system_prompt) for t in tasks}
@@ -276,6 +283,7 @@ class _Loop:
         self.stop_ids, self.stop_strings = set(self.stops.ids), self.stops.strings
         self.closing = {TOOL_TAGS[name][1]: name for name in TOOL_TAGS}  # every tool's closing tag stops a turn
         self.observation_close = {name: encode(tokenizer, close) for name, (_, close) in OBSERVATION_TAGS.items()}
+        self.on_finished: Callable[[list[Episode]], None] = lambda finished: None  # run_episodes' hook
 
     def _strings(self) -> dict:
         """`stop_strings` for the engine only when there are any: engines written for id stops
@@ -356,6 +364,9 @@ class _Loop:
             for (episode, name, args), result in zip(calls, _dispatch(self.tools, calls, pool)):
                 self.record_observation(episode, name, args, result)
             failpoint("rl.rollout")
+            finished = [e for e in active if e.done]
+            if finished:
+                self.on_finished(finished)
             active = [e for e in active if not e.done]  # finished episodes leave the batch
 
     def continuous(
@@ -405,8 +416,13 @@ class _Loop:
         try:
             with tool_threads(self.cfg.tool_workers, "tool-batches", tool_cpus) as dispatcher:
                 while waiting or live:
+                    done: list[Episode] = []  # finished in this pass, for on_finished
                     while waiting and live < limit:
-                        live += submit(waiting.popleft())
+                        episode = waiting.popleft()
+                        if submit(episode):
+                            live += 1
+                        else:
+                            done.append(episode)
                     calls = []
                     with _engine_call(engine, "poll", episodes):
                         finished = engine.poll() if engine.busy() else []
@@ -417,6 +433,7 @@ class _Loop:
                             calls.append(call)
                         else:
                             live -= finish(episode)
+                            done.append(episode)
                     if calls:
                         jobs.append((calls, dispatcher.submit(_dispatch, self.tools, calls, pool)))
                     failpoint("rl.rollout")
@@ -428,6 +445,9 @@ class _Loop:
                             self.record_observation(episode, name, args, result)
                             if episode.done or not submit(episode):
                                 live -= finish(episode)
+                                done.append(episode)
+                    if done:
+                        self.on_finished(done)
         # after a failure too no session outlives the loop (and the tool batches in flight have finished)
         except BaseException:
             _end_sessions(engine, [key(e) for e in episodes], failing=True)

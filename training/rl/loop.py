@@ -52,7 +52,7 @@ from training.rl.math import (
     tis_weights,
     value_loss,
 )
-from training.rl.scoring import episode_record, score_records
+from training.rl.scoring import Verifying, episode_record
 from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
 from verifiers.cascade import Cascade, TierStats, merge_stats, tier_metrics
@@ -732,25 +732,28 @@ def train_round(
         whole groups; every rank gets the global batch back, in prompt order."""
         prompts = sample_prompts(tasks, task_weights or {}, n_prompts, rng)
         mine = dp.mine(prompts)
-        episodes = (
-            run_episodes(
-                rollout_engine,
-                tokenizer,
-                mine,
-                group_size=rl.group_size,
-                tools=tools,
-                cfg=rollout,
-                group_prefix=f"r{round_index}-s{tag}-",
-                sampling_key=f"seed={seed}/round={round_index}/step={tag}",
+
+        def to_record(episode) -> dict:
+            return episode_record(
+                episode, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer
             )
-            if mine
-            else []
-        )
-        records = [
-            episode_record(e, round_index=round_index, step=step, policy_version=policy_version, tokenizer=tokenizer)
-            for e in episodes
-        ]
-        scores = score_records(records, by_id, tokenizer, cascade) if records else []
+
+        records, scores = [], []
+        if mine:
+            # finished episodes are verified while the rest generate, if the profile says so
+            with Verifying(to_record, by_id, tokenizer, cascade, background=rollout.verify_during_rollout) as verifying:
+                episodes = run_episodes(
+                    rollout_engine,
+                    tokenizer,
+                    mine,
+                    group_size=rl.group_size,
+                    tools=tools,
+                    cfg=rollout,
+                    group_prefix=f"r{round_index}-s{tag}-",
+                    sampling_key=f"seed={seed}/round={round_index}/step={tag}",
+                    on_finished=verifying,
+                )
+                records, scores = verifying.results(episodes)
         groups = dp.gather(
             [
                 (records[i : i + rl.group_size], scores[i : i + rl.group_size])

@@ -4,6 +4,8 @@ and its task, so a round can be re-scored later with a stricter verifier (an aud
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 from environments.base import task_view
 from environments.family import tools_of
@@ -73,6 +75,62 @@ def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, 
             }
         )
     return rows
+
+
+class Verifying:
+    """Verifies episodes while the rest of the batch still generates: run_episodes hands each batch
+    of finished episodes to it (`on_finished`), and one background thread turns them into records
+    and scores them; `results` waits for the last and returns both in episode order. Rewards are a
+    pure function of the record and the task, so the scores are those of scoring the whole batch
+    after the rollout (tests/training/test_overlapped_verification.py). One thread: the cascade's
+    counters are never updated from two at once. `background=False` (rollout.verify_during_rollout
+    off): the same, but everything is scored in `results`, on the caller's thread, after the rollout
+    (on a 2-core CPU the overlap takes the engine's cores: benchmarks/verify_overlap.py)."""
+
+    def __init__(
+        self,
+        to_record: Callable[[Episode], dict],
+        tasks_by_id: dict[str, dict],
+        tokenizer,
+        cascade: Cascade,
+        *,
+        background: bool = True,
+    ):
+        self.to_record, self.tasks_by_id, self.tokenizer, self.cascade = to_record, tasks_by_id, tokenizer, cascade
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="verify") if background else None
+        self._batches: list[tuple[list[Episode], Future | None]] = []
+
+    def __enter__(self) -> Verifying:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __call__(self, episodes: list[Episode]) -> None:
+        batch = list(episodes)
+        self._batches.append((batch, self._pool.submit(self._score, batch) if self._pool is not None else None))
+
+    def _score(self, episodes: list[Episode]) -> tuple[list[dict], list[dict]]:
+        records = [self.to_record(e) for e in episodes]
+        return records, score_records(records, self.tasks_by_id, self.tokenizer, self.cascade)
+
+    def results(self, episodes: list[Episode]) -> tuple[list[dict], list[dict]]:
+        """(records, scores) of `episodes`, in their order; each must have been handed over."""
+        if self._pool is None:  # score everything now, in one call (the cascade's pool stays full)
+            batch = [e for b, _ in self._batches for e in b]
+            self._batches = [(batch, None)]
+            scored = [self._score(batch)]
+        else:
+            scored = [future.result() for _, future in self._batches]
+        by_episode = {}
+        for (batch, _), (records, scores) in zip(self._batches, scored):
+            by_episode.update({id(e): pair for e, pair in zip(batch, zip(records, scores))})
+        missing = [e.group_id for e in episodes if id(e) not in by_episode]
+        if missing:
+            raise RuntimeError(f"{len(missing)} episodes finished without being verified (first: {missing[0]!r})")
+        pairs = [by_episode[id(e)] for e in episodes]
+        return [r for r, _ in pairs], [s for _, s in pairs]
 
 
 def reward_summary(rows: list[dict], tier_stats: dict[str, TierStats], disagreements: int) -> dict[str, float]:
