@@ -35,6 +35,7 @@ from assets.rl import fit_round, round_log_line, store_round_result
 from assets.sft import fit_sft, records, sft_log_line
 from configs import load_profile
 from environments.family import resolve_families
+from training.data_parallel import leave_together
 from training.engines import DIST_ENV
 
 
@@ -158,6 +159,7 @@ def main(argv: list[str]) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         with open_dagster_pipes() as pipes:
             report = job(pipes.extras, pipes.log.info)
+            leave_together()
             for message in report.messages:
                 pipes.report_custom_message(message)
             if report.materialization is not None:
@@ -168,6 +170,7 @@ def main(argv: list[str]) -> int:
     with PipesDefaultContextLoader().load_context(PipesEnvVarParamsLoader().load_context_params()) as context:
         extras = context["extras"]
     job(extras, logging.getLogger("assets.jobs").info)
+    leave_together()
     return 0
 
 

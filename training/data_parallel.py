@@ -79,3 +79,13 @@ def interleave(shares: list[list]) -> list:
             raise ValueError(f"rank {r} returned {len(share)} items for the {len(range(r, total, world))} it was given")
         out[r::world] = share
     return out
+
+
+def leave_together() -> None:
+    """At the end of a rank's successful work: wait for the others, then close the process group.
+    A gloo group left open at exit sometimes aborts a rank in its destructor ("terminate called
+    without an active exception", exit -6), and torchrun then kills the rank still finishing up.
+    A no-op without a group; not for a failing rank (the others would wait for it)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from configs.schema import EngineConfig, ModelConfig
+from training.data_parallel import leave_together
 from training.engines import CountFn, LossFn, TrainEngine, accumulate_step, build_engine, model_device, shard
 from training.model import build_model
 from training.rl.math import agg_loss, agg_normalizers, ppo_clip_loss
@@ -217,11 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     summary, state = run_check(cfg, steps=args.steps, num_rows=args.rows, loss=args.loss, dtype=DTYPES[args.dtype])
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    if torch.distributed.is_initialized():
-        # Ranks leave together and close the group: a gloo group left open at exit sometimes aborts
-        # a rank in its destructor ("terminate called without an active exception", exit -6).
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    leave_together()
     if rank != 0:
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from configs import load_profile  # noqa: E402
 from configs.schema import EngineConfig, RewardConfig  # noqa: E402
 from environments.arithmetic import generate_tasks  # noqa: E402
 from environments.tools import CodeInterpreter, toolbox  # noqa: E402
-from training.data_parallel import DataParallel  # noqa: E402
+from training.data_parallel import DataParallel, leave_together  # noqa: E402
 from training.model import build_model, load_policy, load_tokenizer  # noqa: E402
 from training.rl.algorithms import resolve_algorithm  # noqa: E402
 from training.rl.loop import train_round  # noqa: E402
@@ -75,6 +75,7 @@ def main() -> None:
             state_dir=args.state_dir,
         )
         save(args.out, {"params": {k: v.clone() for k, v in policy.state_dict().items()}, "history": history})
+        leave_together()
         return
     rl = cfg.rl.model_copy(
         update={
@@ -121,6 +122,7 @@ def main() -> None:
             "resumed_from_step": result.resumed_from_step,
         },
     )
+    leave_together()
 
 
 def save(path: Path, payload: dict) -> None:
