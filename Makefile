@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # and imports them into the model cache (scripts/fetch_model.py; a no-op once they are there).
 PROFILE_MODELS = $(shell python3 scripts/fetch_model.py --named-in configs/$(PROFILE).yaml)
 
-.PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz models promote rollback clean
+.PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz models promote rollback serve clean
 setup:
 	@bash scripts/setup.sh $(foreach model,$(PROFILE_MODELS),--model $(model))
 
@@ -57,6 +57,14 @@ promote: setup
 
 rollback: setup
 	$(PY) -m pipelines.registry --profile $(PROFILE) rollback
+
+# The champion agent over HTTP (README "Serving"), on this machine only unless SERVE_HOST says otherwise:
+# make serve [PORT=8080] [VERSION=<n> | ALIAS=challenger] [ENGINE=hf|vllm]. The version is resolved once, at start.
+PORT ?= 8080
+SERVE_HOST ?= 127.0.0.1
+serve: setup
+	$(PY) -m pipelines.serve --profile $(PROFILE) --host $(SERVE_HOST) --port $(PORT) \
+		$(if $(VERSION),--version $(VERSION),) $(if $(ALIAS),--alias $(ALIAS),) $(if $(ENGINE),--engine $(ENGINE),)
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --host $(UI_HOST) --port 5000

@@ -6,6 +6,7 @@ import pandas as pd
 import torch
 from dagster import AssetExecutionContext, AutomationCondition, Failure, MetadataValue, Output, asset
 
+from assets.agent_model import log_agent_model
 from assets.artifacts import MANIFEST, read_manifest
 from assets.data import search_retriever
 from assets.launcher import JobLauncher
@@ -210,9 +211,9 @@ def benchmark_checkpoint(
         tracker.log_metrics(run_id, summary)
         tracker.log_json(run_id, per_task, "per_task_scores.json")
         tracker.client().set_tag(run_id, "gate_k", str(bench.gate_k))  # what per_task_scores.json holds
-        version = tracker.register_checkpoint(
+        version = tracker.register_model(
             run_id,
-            folder,
+            lambda: log_agent_model(run_id, folder, settings.config, records(knowledge_base), summary),
             {
                 "stage": stage,
                 "round": context.partition_key if context.has_partition_key else "",

@@ -145,34 +145,13 @@ class SandboxResource(ConfigurableResource):
 
     @contextlib.contextmanager
     def open(self) -> Iterator[Any]:
-        from verifiers.sandbox import SandboxLimits
-        from verifiers.sandboxes import make_sandbox
+        from verifiers.sandboxes import sandbox_from_settings
 
-        limits = SandboxLimits(
-            timeout_s=self.timeout_s,
-            cpu_s=max(1, int(self.timeout_s)),
-            memory_mb=self.memory_mb,
-            max_processes=self.max_processes,
-            max_files=self.max_files,
-            max_output_bytes=self.max_output_bytes,
-        )
-        sandbox = make_sandbox(self.kind, limits, self.pool_size, image=self.image, url=self.url, token=self._token())
+        sandbox = sandbox_from_settings(self)
         try:
             yield sandbox
         finally:
             sandbox.close()
-
-    def _token(self) -> str | None:
-        """The sandbox service's secret (kind http), from the environment; never part of the config."""
-        if self.kind != "http":
-            return None
-        token = os.environ.get(self.token_env)
-        if not token:
-            raise ValueError(
-                f"sandbox.kind is 'http' but the environment variable {self.token_env} (sandbox.token_env) is not set: "
-                "it must hold the sandbox service's token"
-            )
-        return token
 
 
 def default_tracking_uri(home: Path) -> str:

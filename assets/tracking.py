@@ -33,6 +33,7 @@ CHAMPION_HISTORY_TAG = "champion_history"  # registered-model tag: JSON list of 
 HISTORY_KEPT = 200  # entries; MLflow tag values are capped at a few thousand characters
 GROUP_TAG = "flywheel.group"  # on a parent run and its children: round-N or foundation-<dagster run>
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"  # what the MLflow UI nests by
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # on a logged model: the registry versions made from it
 # A checkpoint's identity in the registry: where it is stored and the Dagster run that wrote it (its manifest's `dagster_run_id`).
 CHECKPOINT_KEY = ("checkpoint_uri", "checkpoint_run")
 UNCHECKED = object()  # `promote(expected=...)` left out: move the alias whoever holds it (`--force`)
@@ -330,24 +331,26 @@ class MLflowTracker(ConfigurableResource):
             return None
         return next((v for v in self.versions() if all(v.tags.get(k) == value for k, value in key.items())), None)
 
-    def register_checkpoint(self, run_id: str, checkpoint_dir: Path, tags: dict[str, str]):
-        """Log the HF folder to the run and make it a new version of the registered model, once per
-        checkpoint: if `tags` identify it (CHECKPOINT_KEY) and it already has a version (a retried
-        or re-executed benchmark step, another run benchmarking the same checkpoint), that version
-        is returned. The last look-up and the creation happen together under the registry lock."""
+    def register_model(self, run_id: str, log_model: Callable[[], tuple[str, str | None]], tags: dict[str, str]):
+        """Make the model `log_model()` logs under `run_id` a new version of the registered model,
+        once per checkpoint: if `tags` identify it (CHECKPOINT_KEY) and it already has a version (a
+        retried or re-executed benchmark step, another run benchmarking the same checkpoint), that
+        version is returned and nothing is logged. `log_model` returns the version's source and the
+        MLflow logged model's id (`models:/<model_id>` and the id for an agent model,
+        assets/agent_model.py; None for a plain artifact folder). The last look-up and the creation
+        happen together under the registry lock."""
         from mlflow.exceptions import MlflowException
 
         existing = self.registered_version(tags)
         if existing is not None:
             return existing
+        source, model_id = log_model()  # a retry logs another model; only one is registered
         client = self.client()
-        client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")  # a retry uploads the same files again
         try:
             client.create_registered_model(self.registered_model)
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        source = f"{client.get_run(run_id).info.artifact_uri}/checkpoint"
 
         attempts = 0
 
@@ -365,13 +368,25 @@ class MLflowTracker(ConfigurableResource):
                 else []
             )
             return (
-                made[0] if made else raw.create_model_version(self.registered_model, source, run_id=run_id, tags=tags)
+                made[0]
+                if made
+                else raw.create_model_version(
+                    self.registered_model, source, run_id=run_id, tags=tags, model_id=model_id
+                )
             )
 
         with self.registry_lock():  # registered meanwhile by another run? then that version, not a second one
-            return self.registered_version(tags) or self.retry(
+            version = self.registered_version(tags) or self.retry(
                 f"create_model_version({self.registered_model!r}, run {run_id!r})", create_once
             )
+        if (
+            model_id is not None
+        ):  # the logged model's page lists the versions made from it (as mlflow.register_model does)
+            client.set_logged_model_tags(
+                model_id,
+                {MODEL_VERSIONS_TAG: json.dumps([{"name": self.registered_model, "version": str(version.version)}])},
+            )
+        return version
 
     def version_by_alias(self, alias: str):
         from mlflow.exceptions import MlflowException

@@ -114,6 +114,12 @@ def tools_of(family: str) -> tuple[str, ...]:
     return get_family(family).tools
 
 
+def tools_offered(task: dict) -> tuple[str, ...]:
+    """The tools an episode of `task` may call: its family's, or the task's own `tools` when it
+    names them (a question put to the served agent, which belongs to no family: training/agent/served.py)."""
+    return tuple(task["tools"]) if task.get("tools") else tools_of(task["family"])
+
+
 def _import_modules(cfg: FlywheelConfig) -> None:
     for name, fam in cfg.data.families.items():
         if fam.module is None:

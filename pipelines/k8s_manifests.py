@@ -2,6 +2,7 @@
 
     python -m pipelines.k8s_manifests --profile cluster --out k8s/     # then: kubectl apply -f k8s/
     python -m pipelines.k8s_manifests --profile cluster --out k8s/ --job sft --nnodes 4
+    python -m pipelines.k8s_manifests --profile cluster --out k8s/ --agent champion
 
 The first writes the sandbox service (verifiers/sandbox_service.py) and what it needs: its
 ServiceAccount, the seccomp profile (a ConfigMap), a Deployment on the sandbox node group, a
@@ -10,7 +11,9 @@ and training-job pods, a HorizontalPodAutoscaler on CPU and a PodDisruptionBudge
 Secret is not rendered (a file would hold the secret): the platform layer creates it
 (infra/terraform/modules/platform). `--job` adds a multi-node training job: an Indexed Job of
 `nnodes` pods, each running torchrun over `orchestration.k8s.gpus_per_step` GPUs, and the
-headless Service its pods find rank 0 through.
+headless Service its pods find rank 0 through. `--agent ALIAS` adds the served agent: a Deployment
+running `python -m pipelines.serve --alias ALIAS` (MLflow's model server on the registry version) and
+its Service (docs/deploy.md, "Serving the champion").
 
 Nothing here talks to a cluster. tests/pipelines/test_k8s_manifests.py validates every object against the
 Kubernetes API's schemas (kubernetes-validate, strict) for the eks module's Kubernetes version.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -120,6 +124,7 @@ SANDBOX_CLIENTS = [
         }
     },
     {"podSelector": {"matchExpressions": [{"key": "flywheel/job", "operator": "Exists"}]}},
+    {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "flywheel-agent"}}},  # the served agent's code calls
 ]
 
 SERVICE_OVERHEAD_MB = 512  # uvicorn, the pool's host side and its threads, next to the calls
@@ -168,6 +173,20 @@ def service_resources(sandbox: SandboxConfig, workers: int) -> dict[str, dict[st
 
 def _meta(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": dict(labels)}
+
+
+def _cluster_ip_service(meta: dict[str, Any], selector: dict[str, str], port: int) -> dict[str, Any]:
+    """A Service inside the cluster only, from `port` to the pods' port named `http`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
 
 
 def _health_probe(**timing: int) -> dict[str, Any]:
@@ -347,16 +366,7 @@ def sandbox_service(
                     "template": _service_pod(cfg, name, port, workers, labels, profile),
                 },
             },
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": meta,
-                "spec": {
-                    "type": "ClusterIP",
-                    "selector": selector,
-                    "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
-                },
-            },
+            _cluster_ip_service(meta, selector, port),
             # Ingress from the clients on the service's port only; no egress at all (the service needs
             # none, and a compromised one then reaches neither the API server, nor IMDS, nor the
             # internet). Kubelet probes come from the node and are not subject to it.
@@ -512,6 +522,80 @@ def training_job(
     )
 
 
+# --- the served agent ---------------------------------------------------------------------------
+
+AGENT_PORT = 8080
+
+
+def agent_server(cfg: FlywheelConfig, *, alias: str, profile: str, replicas: int = 1) -> list[dict[str, Any]]:
+    """A Deployment serving the registry version `alias` points at (`python -m pipelines.serve`,
+    MLflow's model server on the agent model, training/agent/served.py) and its ClusterIP Service.
+    Each pod resolves the alias when it starts: a rollout restart after a promotion or a rollback
+    serves the new champion. The engine is the profile's (`rollout.engine`): vLLM on a GPU node, or
+    HF on a CPU node. MLflow's and S3's settings and the sandbox token come from `env_secret`; the
+    code the agent runs goes to the sandbox service, whose NetworkPolicy admits these pods."""
+    k8s = cfg.orchestration.k8s
+    name = "flywheel-agent"
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "agent", **PART_OF}
+    gpu = cfg.rollout.engine == "vllm"
+    if gpu:
+        resources = {kind: {**values, "nvidia.com/gpu": "1"} for kind, values in k8s.gpu_step_resources.items()}
+        for kind in ("requests", "limits"):  # extended resources: request and limit must match
+            resources.setdefault(kind, {"nvidia.com/gpu": "1"})
+    else:
+        resources = k8s.cpu_step_resources
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": _image(k8s.gpu_image or k8s.image if gpu else k8s.image, "orchestration.k8s.image"),
+        "command": [
+            "python",
+            "-m",
+            "pipelines.serve",
+            "--profile",
+            profile,
+            "--alias",
+            alias,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(AGENT_PORT),
+        ],
+        "ports": [{"name": "http", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+        "resources": resources,
+        # the model is downloaded from S3 and (vLLM) compiled before /ping answers: minutes, not seconds
+        "startupProbe": {
+            "httpGet": {"path": "/ping", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 90,
+        },
+        "readinessProbe": {"httpGet": {"path": "/ping", "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 30, "timeoutSeconds": 10},
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},  # the image's USER (10001)
+    }
+    if k8s.env_secret:
+        container["envFrom"] = [{"secretRef": {"name": k8s.env_secret}}]
+    pod_spec: dict[str, Any] = {"serviceAccountName": k8s.service_account, "containers": [container]}
+    if gpu:
+        pod_spec |= {"nodeSelector": k8s.gpu_node_selector, "tolerations": k8s.gpu_tolerations}
+    meta = _meta(name, k8s.namespace, labels)
+    selector = {"app.kubernetes.io/name": name}
+    return _plain(
+        [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": meta,
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": selector},
+                    "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+                },
+            },
+            _cluster_ip_service(meta, selector, 80),
+        ]
+    )
+
+
 def _plain(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Independent JSON-like dicts: no object shared between two places (YAML would write anchors
     for it, and a caller editing one manifest would edit another)."""
@@ -535,11 +619,16 @@ def render_all(
     workers: int = 3,
     min_replicas: int = 2,
     max_replicas: int = 8,
+    agent: str | None = None,
+    profile: str = "cluster",
 ) -> list[dict[str, Any]]:
-    """The sandbox service, then a training job per name in `jobs`."""
+    """The sandbox service, then a training job per name in `jobs`, then the agent server for the
+    alias `agent` (None: none)."""
     manifests = sandbox_service(cfg, workers=workers, min_replicas=min_replicas, max_replicas=max_replicas)
     for job in jobs:
         manifests += training_job(cfg, job, nnodes=nnodes)
+    if agent:
+        manifests += agent_server(cfg, alias=agent, profile=profile)
     return manifests
 
 
@@ -577,6 +666,12 @@ def main(argv: list[str] | None = None) -> int:
         help="pods (nodes) of each training job, gpus_per_step GPUs each (default: orchestration.k8s.nnodes)",
     )
     parser.add_argument(
+        "--agent",
+        metavar="ALIAS",
+        default=None,
+        help="also render the agent server for the registry alias ALIAS (e.g. champion): pipelines/serve.py",
+    )
+    parser.add_argument(
         "--sandbox-workers", type=int, default=3, help="bubblewrap workers (and CPUs) per sandbox replica"
     )
     parser.add_argument(
@@ -595,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.sandbox_workers,
             min_replicas=args.sandbox_min_replicas,
             max_replicas=args.sandbox_max_replicas,
+            agent=args.agent,
+            profile=args.profile or os.environ.get("FLYWHEEL_PROFILE", "cluster"),
         )
     except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)

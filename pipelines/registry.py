@@ -3,7 +3,10 @@
     python -m pipelines.registry list                      # versions, scores, aliases
     python -m pipelines.registry promote VERSION [--force] # through the promotion gate
     python -m pipelines.registry rollback                  # champion -> the previous champion
-    python -m pipelines.registry load [--alias champion] --out DIR
+    python -m pipelines.registry load [--alias champion] --out DIR  # the policy's HF folder
+
+A version is an MLflow model: the agent (assets/agent_model.py), which `make serve`
+(pipelines/serve.py) and `mlflow.pyfunc.load_model("models:/agentic-policy@champion")` run.
 
 The registry is the profile's MLflow store (FLYWHEEL_HOME/mlflow.db by default). `promote` runs
 the same gate as the benchmark asset: the paired CI of (version - champion) over the held-out
@@ -20,6 +23,8 @@ import math
 import os
 import sys
 from pathlib import Path
+
+import yaml
 
 from assets.locks import Busy
 from assets.tracking import CHAMPION, ChampionChanged, MLflowTracker
@@ -104,7 +109,9 @@ def promote(tracker: MLflowTracker, version: str, cfg: FlywheelConfig, *, force:
 
 
 def load(tracker: MLflowTracker, alias: str, out: Path):
-    """Download `models:/<name>@<alias>` (an HF folder) and load it: the serving/evaluation path."""
+    """Download `models:/<name>@<alias>` and load its policy. A version is the agent model
+    (assets/agent_model.py: the HF folder is its `artifacts/checkpoint`), or, registered before
+    versions were MLflow models, the HF folder itself; both load."""
     import mlflow
 
     from training.model import load_policy, load_tokenizer
@@ -116,6 +123,9 @@ def load(tracker: MLflowTracker, alias: str, out: Path):
         folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(out)))
     except mlflow.exceptions.MlflowException as exc:
         raise RegistryError(f"cannot load {uri}: {exc.message}") from exc
+    if (folder / "MLmodel").exists():  # the HF folder is the agent model's `checkpoint` artifact
+        flavor = yaml.safe_load((folder / "MLmodel").read_text())["flavors"]["python_function"]
+        folder = folder / flavor["artifacts"]["checkpoint"]["path"]
     return load_policy(folder), load_tokenizer(folder), folder
 
 

@@ -16,6 +16,22 @@ def micro_cfg():
 
 
 @pytest.fixture(scope="session")
+def micro_flywheel(tmp_path_factory):
+    """(home, outcome) of one micro flywheel (foundation + one round, ~40 s), shared by the tests
+    that read what a run leaves: the UIs (tests/pipelines/test_ui.py) and the served champion
+    (tests/pipelines/test_serve.py)."""
+    home = tmp_path_factory.mktemp("flywheel") / "fw"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.delenv("DAGSTER_HOME", raising=False)
+        from pipelines.run import run_flywheel
+
+        outcome = run_flywheel("micro", {})
+    return home, outcome
+
+
+@pytest.fixture(scope="session")
 def tokenizer_and_tasks():
     """A tokenizer trained on a small generated corpus, and the tasks it came from."""
     from environments.arithmetic import generate_tasks

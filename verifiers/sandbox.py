@@ -86,6 +86,19 @@ class SandboxLimits:
     max_file_mb: int = 8  # RLIMIT_FSIZE
     max_files: int = 10_000  # entries (files, dirs, links) in the scratch dir: its tmpfs's nr_inodes
 
+    @classmethod
+    def of(cls, settings) -> "SandboxLimits":
+        """The limits a `sandbox` config section (or the resource, or the service's arguments, with
+        the same names) sets; the CPU limit follows the wall-clock one."""
+        return cls(
+            timeout_s=settings.timeout_s,
+            cpu_s=max(1, int(settings.timeout_s)),
+            memory_mb=settings.memory_mb,
+            max_processes=settings.max_processes,
+            max_files=settings.max_files,
+            max_output_bytes=settings.max_output_bytes,
+        )
+
     def __post_init__(self) -> None:
         minimums = {
             "cpu_s": 1,

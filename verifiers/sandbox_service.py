@@ -385,15 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    # as assets/resources.py derives them
-    limits = SandboxLimits(
-        timeout_s=args.timeout_s,
-        cpu_s=max(1, int(args.timeout_s)),
-        memory_mb=args.memory_mb,
-        max_processes=args.max_processes,
-        max_files=args.max_files,
-        max_output_bytes=args.max_output_bytes,
-    )
+    limits = SandboxLimits.of(args)  # as every other sandbox derives them from its config
     with BubblewrapSandbox(limits, args.pool_size, uid_base=args.uid_base) as pool:
         app = create_app(
             pool,

@@ -11,6 +11,8 @@ tiers: verifiers/sandbox.py must stand alone, because its source is what the san
 
 from __future__ import annotations
 
+import os
+
 from verifiers.docker_sandbox import DockerSandbox
 from verifiers.sandbox import BubblewrapSandbox, Sandbox, SandboxLimits
 from verifiers.sandbox_client import HTTPSandbox
@@ -44,3 +46,29 @@ def make_sandbox(
             )
         return HTTPSandbox(url, token, limits, concurrency=pool_size)
     raise ValueError(f"unknown sandbox kind {kind!r}; expected one of {SANDBOX_KINDS}")
+
+
+def sandbox_from_settings(settings) -> Sandbox:
+    """The sandbox `settings` describe (a `SandboxConfig`, or the Dagster resource with the same
+    fields): its limits, tier and pool, and for the http tier the token from `settings.token_env`."""
+    return make_sandbox(
+        settings.kind,
+        SandboxLimits.of(settings),
+        settings.pool_size,
+        image=settings.image,
+        url=settings.url,
+        token=sandbox_token(settings.kind, settings.token_env),
+    )
+
+
+def sandbox_token(kind: str, token_env: str) -> str | None:
+    """The sandbox service's secret (kind http), from the environment; never part of the config."""
+    if kind != "http":
+        return None
+    token = os.environ.get(token_env)
+    if not token:
+        raise ValueError(
+            f"sandbox.kind is 'http' but the environment variable {token_env} (sandbox.token_env) is not set: "
+            "it must hold the sandbox service's token"
+        )
+    return token

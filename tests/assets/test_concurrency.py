@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from assets.locks import Busy, exclusive
+from tests.registry_support import folder_model
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).parents[1] / "workers"
@@ -143,7 +144,9 @@ def store(tmp_path, monkeypatch):
             tracker.log_json(
                 run.info.run_id, {t: float(i < rate * len(TASKS)) for i, t in enumerate(TASKS)}, "per_task_scores.json"
             )
-            tracker.register_checkpoint(run.info.run_id, folder, {"stage": "rl", "round": str(version)})
+            tracker.register_model(
+                run.info.run_id, folder_model(tracker, run.info.run_id, folder), {"stage": "rl", "round": str(version)}
+            )
     tracker.promote("1", "gate")
     return tracker
 
@@ -232,8 +235,10 @@ def test_a_checkpoint_registered_by_racing_steps_gets_one_version(store, tmp_pat
     assert len(versions) == 1 and got == {f"version {versions[0].version}"}
     # a checkpoint of the same round written by another run is another version
     with mlflow.start_run() as run:
-        other = store.register_checkpoint(
-            run.info.run_id, folder, {"stage": "rl", "round": "5", "checkpoint_uri": uri, "checkpoint_run": "run-r5b"}
+        other = store.register_model(
+            run.info.run_id,
+            folder_model(store, run.info.run_id, folder),
+            {"stage": "rl", "round": "5", "checkpoint_uri": uri, "checkpoint_run": "run-r5b"},
         )
     assert str(other.version) != str(versions[0].version)
 

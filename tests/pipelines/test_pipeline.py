@@ -129,7 +129,9 @@ def test_micro_flywheel_end_to_end(home):
     assert sorted(v.tags["stage"] for v in versions) == ["rl", "sft"]
     for v in versions:
         assert "pass_at_1" in client.get_run(v.run_id).data.metrics
-        assert client.get_model_version_download_uri("agentic-policy", v.version).endswith("checkpoint")
+        # the version is the agent model logged in its benchmark run (assets/agent_model.py)
+        model_id = v.source.removeprefix("models:/")
+        assert v.source.startswith("models:/m-") and client.get_logged_model(model_id).source_run_id == v.run_id
     champion = client.get_model_version_by_alias("agentic-policy", "champion")
     assert champion.version in {v.version for v in versions}
     # promotions go through the history `make rollback` walks back; metadata links to MLflow
@@ -156,7 +158,14 @@ def test_micro_flywheel_end_to_end(home):
     assert client.get_experiment_by_name("agentic-flywheel").artifact_location == str(home / "mlartifacts")
     assert not (REPO / "mlruns").exists(), "MLflow artifacts must live under FLYWHEEL_HOME, not the working directory"
     artifacts = {a.path for a in client.list_artifacts(outcome["rounds"][0]["mlflow_run_id"])}
-    assert {"checkpoint", "per_task_scores.json", "plots"} <= artifacts
+    assert {"per_task_scores.json", "plots"} <= artifacts
+    # the checkpoint is the logged agent model's, under the home too
+    round_model = client.get_logged_model(
+        next(v for v in versions if v.tags["stage"] == "rl").source[len("models:/") :]
+    )
+    model_folder = Path(round_model.artifact_location)
+    assert model_folder.is_relative_to(home / "mlartifacts")
+    assert {"MLmodel", "requirements.txt", "artifacts", "code"} <= {p.name for p in model_folder.iterdir()}
 
     # verified_rewards reports each component's mean, the unscorable count and per-tier counts/latency
     rewards_meta = instance.get_latest_materialization_event(

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pipelines.registry import main
+from tests.registry_support import folder_model
 from training.model import build_model, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,11 @@ def registry(tmp_path, monkeypatch, micro_cfg, tokenizer_and_tasks):
         with mlflow.start_run() as run:
             mlflow.log_metrics({"pass_at_1": rate, "pass_at_1_ci_low": rate - 0.1, "pass_at_1_ci_high": rate + 0.1})
             tracker.log_json(run.info.run_id, scores, "per_task_scores.json")
-            tracker.register_checkpoint(run.info.run_id, folder, {"stage": "rl", "round": str(version), **tags})
+            tracker.register_model(
+                run.info.run_id,
+                folder_model(tracker, run.info.run_id, folder),
+                {"stage": "rl", "round": str(version), **tags},
+            )
     return tracker
 
 

@@ -5,17 +5,16 @@ registered model with its `champion` alias. Screenshots go to test-artifacts/ui/
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from dagster import AssetKey
+
+from tests.servers import free_port, start_server, stop_server
 
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-artifacts" / "ui"
@@ -33,53 +32,6 @@ RL_GROUP = [
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
-
-
-def _server(cmd: list[str], env: dict, ready_url: str):
-    # its own process group: `mlflow ui` starts uvicorn workers and a job runner that outlive a
-    # killed parent, so shutdown signals the whole group
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    try:
-        _wait_http(ready_url, proc)
-    except Exception:
-        _stop(proc)
-        raise
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
 def _dismiss_welcome(page) -> None:
     """On a first visit (every new port is a new origin) Dagster shows a "Join the community"
     dialog a moment after the page loads; it covers the page and intercepts clicks."""
@@ -92,19 +44,11 @@ def _dismiss_welcome(page) -> None:
 
 
 @pytest.fixture(scope="module")
-def flywheel_home(tmp_path_factory):
+def flywheel_home(micro_flywheel):
     """One micro flywheel (foundation + one round) whose state both UIs read."""
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: `make test` installs it (scripts/setup.sh --browser)")
-    home = tmp_path_factory.mktemp("ui") / "fw"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLYWHEEL_HOME", str(home))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        mp.delenv("DAGSTER_HOME", raising=False)
-        from pipelines.run import run_flywheel
-
-        outcome = run_flywheel("micro", {})
-    return home, outcome
+    return micro_flywheel
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +67,9 @@ def browser():
 
 def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, browser):
     home, outcome = flywheel_home
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
-    server = _server(
+    server = start_server(
         [
             str(Path(sys.executable).parent / "dagster-webserver"),
             "-h",
@@ -162,15 +106,17 @@ def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, brows
         assert "Materialized" in text or "materialization" in text.lower(), text[:2000]
         page.screenshot(path=str(SHOTS / "dagster-benchmark-scores.png"), full_page=True)
     finally:
-        _stop(server)
+        stop_server(server)
     assert (SHOTS / "dagster-asset-graph.png").stat().st_size > 10_000
 
 
-def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, browser):
-    home, outcome = flywheel_home
-    port = _free_port()
+@pytest.fixture(scope="module")
+def mlflow_ui(flywheel_home):
+    """The MLflow UI on the flywheel's store: its port."""
+    home, _ = flywheel_home
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    server = _server(
+    server = start_server(
         [
             str(Path(sys.executable).parent / "mlflow"),
             "ui",
@@ -186,20 +132,58 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, br
         env,
         f"http://127.0.0.1:{port}/health",
     )
-    try:
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        # Not "networkidle": the MLflow UI's first load on a busy CI machine (a cold, large bundle)
-        # ran past goto's 30 s once; the page is ready when the alias shows, which is waited for.
-        page.goto(f"http://127.0.0.1:{port}/#/models/agentic-policy", wait_until="domcontentloaded", timeout=90_000)
-        page.get_by_text("champion").first.wait_for(timeout=90_000)
-        text = page.inner_text("body")
-        assert "agentic-policy" in text and "champion" in text, text[:2000]
-        champion_version = outcome["champion"].split()[1]  # "version 2 (stage rl, round 1)"
-        assert f"Version {champion_version}" in text, text[:2000]
-        page.screenshot(path=str(SHOTS / "mlflow-registered-model.png"), full_page=True)
-    finally:
-        _stop(server)
+    yield port
+    stop_server(server)
+
+
+def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, mlflow_ui, browser):
+    _, outcome = flywheel_home
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    # Not "networkidle": the MLflow UI's first load on a busy CI machine (a cold, large bundle)
+    # ran past goto's 30 s once; the page is ready when the alias shows, which is waited for.
+    page.goto(f"http://127.0.0.1:{mlflow_ui}/#/models/agentic-policy", wait_until="domcontentloaded", timeout=90_000)
+    page.get_by_text("champion").first.wait_for(timeout=90_000)
+    text = page.inner_text("body")
+    assert "agentic-policy" in text and "champion" in text, text[:2000]
+    champion_version = outcome["champion"].split()[1]  # "version 2 (stage rl, round 1)"
+    assert f"Version {champion_version}" in text, text[:2000]
+    page.screenshot(path=str(SHOTS / "mlflow-registered-model.png"), full_page=True)
     assert (SHOTS / "mlflow-registered-model.png").stat().st_size > 10_000
+
+
+@pytest.mark.serving
+def test_mlflow_ui_shows_the_champion_version_as_a_model_with_flavor_signature_and_metrics(
+    flywheel_home, mlflow_ui, browser
+):
+    """The registered version's page (its source model and schema), the logged model's page (the
+    benchmark metrics linked to it, the versions made from it) and its MLmodel (the flavor)."""
+    _, outcome = flywheel_home
+    champion_version = outcome["champion"].split()[1]
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(
+        f"http://127.0.0.1:{mlflow_ui}/#/models/agentic-policy/versions/{champion_version}",
+        wait_until="domcontentloaded",
+        timeout=90_000,
+    )
+    page.get_by_text("Source Model").first.wait_for(timeout=90_000)
+    text = page.inner_text("body")
+    assert f"Version {champion_version}" in text and "Schema" in text and "Inputs (" in text, text[:3000]
+    assert "Outputs (" in text and re.search(r"Aliases[\s:@]*champion", text), text[:3000]
+    page.screenshot(path=str(SHOTS / "mlflow-model-version.png"), full_page=True)
+
+    page.get_by_role("link", name="agent", exact=True).first.click()  # the source model: the logged agent
+    page.get_by_text("arithmetic/pass_at_1").first.wait_for(timeout=60_000)  # the metrics load after the page
+    text = page.inner_text("body")
+    assert "pass_at_1" in text and "arithmetic/pass_at_1" in text and "benchmark_scores" in text, text[:3000]
+    assert "Model versions" in text and "agentic-policy" in text, text[:3000]
+    page.screenshot(path=str(SHOTS / "mlflow-logged-model.png"), full_page=True)
+
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text("MLmodel", exact=True).first.click()
+    page.get_by_text("python_function:").first.wait_for(timeout=60_000)
+    text = page.inner_text("body")
+    assert "flavors:" in text and "agent/v1/responses" in text and "signature:" in text, text[:3000]
+    page.screenshot(path=str(SHOTS / "mlflow-logged-model-mlmodel.png"), full_page=True)
 
 
 def _finished_run(home: Path, job_name: str, timeout_s: float = 400):
@@ -234,11 +218,11 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
 
     home = tmp_path / "fw"
     (home / "dagster").mkdir(parents=True)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
     env.pop("MLFLOW_TRACKING_URI", None)
     # `dagster dev` (what `make dagster-ui` runs): the webserver queues the run, its daemon starts it
-    server = _server(
+    server = start_server(
         [
             str(Path(sys.executable).parent / "dagster"),
             "dev",
@@ -295,4 +279,4 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
         page.get_by_text("Success").first.wait_for(timeout=60_000)
         page.screenshot(path=str(SHOTS / "dagster-round-run.png"))
     finally:
-        _stop(server)
+        stop_server(server)

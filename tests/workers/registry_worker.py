@@ -21,6 +21,7 @@ import mlflow  # noqa: E402
 
 from configs import load_profile  # noqa: E402
 from pipelines.resources import resources_for  # noqa: E402
+from tests.registry_support import folder_model  # noqa: E402
 
 
 def main() -> int:
@@ -63,9 +64,9 @@ def main() -> int:
     folder, uri, run = args.args
     mlflow.set_experiment(tracker.experiment)
     with mlflow.start_run() as mlflow_run:  # each benchmark step registers from its own run
-        version = tracker.register_checkpoint(
+        version = tracker.register_model(
             mlflow_run.info.run_id,
-            Path(folder),
+            folder_model(tracker, mlflow_run.info.run_id, Path(folder)),
             {"stage": "rl", "round": "1", "checkpoint_uri": uri, "checkpoint_run": run},
         )
     print(f"version {version.version}", flush=True)

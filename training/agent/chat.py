@@ -12,7 +12,7 @@ after the other, so without a system prompt a scratch prompt is the task's text,
 
 from __future__ import annotations
 
-from environments.family import tools_of
+from environments.family import tools_of, tools_offered
 from verifiers.protocol import ANSWER_CLOSE, ANSWER_OPEN, OBSERVATION_TAGS, TOOL_TAGS
 
 PLAIN_TEMPLATE = (
@@ -33,8 +33,12 @@ DEFAULT_SYSTEM_PROMPT = (
 
 def tool_descriptions(family: str) -> str:
     """The tools a family's episodes may call, described with their tags: `{tools}` in a system prompt."""
+    return describe_tools(tools_of(family))
+
+
+def describe_tools(names: tuple[str, ...]) -> str:
     uses = []
-    for name in tools_of(family):
+    for name in names:
         (open_tag, close_tag), (obs_open, obs_close) = TOOL_TAGS[name], OBSERVATION_TAGS[name]
         uses.append(TOOL_USES[name].format(open=open_tag, close=close_tag, obs_open=obs_open, obs_close=obs_close))
     return "; ".join(uses) if uses else "none"
@@ -44,7 +48,7 @@ def messages(task: dict, system_prompt: str | None) -> list[dict[str, str]]:
     chat = [{"role": "user", "content": task["prompt"]}]
     if system_prompt is not None:
         chat.insert(
-            0, {"role": "system", "content": system_prompt.replace("{tools}", tool_descriptions(task["family"]))}
+            0, {"role": "system", "content": system_prompt.replace("{tools}", describe_tools(tools_offered(task)))}
         )
     return chat
 

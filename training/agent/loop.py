@@ -27,7 +27,7 @@ import torch
 
 from configs.failpoints import failpoint
 from configs.schema import RolloutConfig
-from environments.family import tools_of
+from environments.family import tools_offered
 from environments.tools import Tool, ToolResult
 from training.agent.chat import prompt_ids
 from training.agent.engines import ContinuousEngine, Generation, RolloutEngine, Sampling
@@ -158,15 +158,15 @@ def _dispatch(
     tools: Mapping[str, Tool], calls: list[tuple[Episode, str, str]], pool: ThreadPoolExecutor
 ) -> list[ToolResult]:
     """Results in call order. The calls of one tool go out as one batch, and the batches of
-    different tools run at the same time on `pool`; a call to a tool the task's family does not
-    offer gets an error observation instead of running (the reward's tool_misuse term counts it)."""
+    different tools run at the same time on `pool`; a call to a tool the task does not offer
+    (environments/family.py::tools_offered) gets an error observation instead of running (the reward's tool_misuse term counts it)."""
     results: list[ToolResult | None] = [None] * len(calls)
     futures = {}
     for name in dict.fromkeys(n for _, n, _ in calls):
         index = [
             i
             for i, (episode, n, _) in enumerate(calls)
-            if n == name and n in tools_of(episode.task["family"]) and n in tools
+            if n == name and n in tools_offered(episode.task) and n in tools
         ]
         if index:
             futures[name] = (index, pool.submit(_run_tool, tools[name], [calls[i][2] for i in index]))

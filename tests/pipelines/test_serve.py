@@ -1,0 +1,240 @@
+"""Registry versions as MLflow models, and the agent behind HTTP (issue 27): a micro flywheel's
+champion loaded with `mlflow.pyfunc.load_model` in a fresh process; `make serve`'s command on a
+free port answering arithmetic, search and code questions with the tool trace, every tool call
+re-run here and giving the same observation (the sandbox ran the code, the search read the
+corpus); rollback, then serving again, serves the previous champion and says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.registry_support import folder_model
+from tests.servers import free_port, start_server, stop_server
+
+pytestmark = pytest.mark.serving
+
+REPO = Path(__file__).resolve().parents[2]
+FAMILY_TOOL = {"arithmetic": "code", "search": "search", "code": "code"}
+
+
+def _env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DAGSTER_HOME")}
+    return {**env, "FLYWHEEL_HOME": str(home), "FLYWHEEL_PROFILE": "micro"}
+
+
+def _post(port: int, body: dict) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def policy(micro_cfg, sandbox):
+    """The micro model after 600 SFT steps (~25 s): greedy, it calls the interpreter on arithmetic
+    and code and searches the corpus (the 200-step `policy` mostly answers without tools)."""
+    from benchmarks.warm_start import warm_started_policy
+
+    return warm_started_policy(micro_cfg, sandbox, sft_steps=600)
+
+
+@pytest.fixture(scope="module")
+def agent_home(tmp_path_factory, policy, micro_cfg):
+    """A micro profile's home whose registry holds the warm-started policy as two agent models
+    (v1, v2: champion v1, then v2) and one version registered the old way, from a plain folder (v3)."""
+    from assets.agent_model import log_agent_model
+    from environments.search import kb_to_rows
+    from pipelines.registry import tracker_for
+    from training.model import save_checkpoint
+
+    home = tmp_path_factory.mktemp("serve") / "fw"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        tracker = tracker_for(micro_cfg)
+        folder = save_checkpoint(policy.model, policy.tokenizer, home / "checkpoint")
+        client = tracker.client()
+        for version in (1, 2):
+            run_id = client.create_run(tracker.experiment_id()).info.run_id
+            client.log_metric(run_id, "pass_at_1", 0.25 * version)
+            tracker.register_model(
+                run_id,
+                lambda run_id=run_id, version=version: log_agent_model(
+                    run_id, folder, micro_cfg, kb_to_rows(policy.kb), {"pass_at_1": 0.25 * version}
+                ),
+                {"stage": "rl", "round": str(version)},
+            )
+            tracker.promote(str(version), "gate")
+        run_id = client.create_run(tracker.experiment_id()).info.run_id
+        tracker.register_model(run_id, folder_model(tracker, run_id, folder), {"stage": "rl", "round": "3"})
+        client.set_terminated(run_id)
+    return home, tracker
+
+
+def _serve(home: Path, *args: str):
+    port = free_port()
+    server = start_server(
+        [sys.executable, "-m", "pipelines.serve", "--profile", "micro", "--port", str(port), *args],
+        _env(home),
+        f"http://127.0.0.1:{port}/ping",
+    )
+    return server, port
+
+
+def _question(task: dict) -> dict:
+    return {
+        "input": [{"role": "user", "content": task["prompt"]}],
+        "custom_inputs": {"family": task["family"], "greedy": True},
+    }
+
+
+def test_a_micro_flywheel_champion_loads_and_answers_in_a_fresh_process(micro_flywheel, tmp_path):
+    """`mlflow.pyfunc.load_model("models:/agentic-policy@champion")` in a process that has never
+    imported the project, started outside the repository."""
+    import mlflow
+
+    home, outcome = micro_flywheel
+    script = (
+        "import json, sys, mlflow\n"
+        "model = mlflow.pyfunc.load_model('models:/agentic-policy@champion')\n"
+        "reply = model.predict({'input': [{'role': 'user', 'content': sys.argv[1]}], 'custom_inputs': {'seed': 7}})\n"
+        "print(json.dumps({'task': model.metadata.metadata['task'], 'flavors': sorted(model.metadata.flavors), "
+        "'reply': reply}))\n"
+    )
+    uri = f"sqlite:///{home}/mlflow.db"
+    done = subprocess.run(
+        [sys.executable, "-c", script, "What is 6 * 7 + 1?"],
+        cwd=tmp_path,
+        env={**_env(home), "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["task"] == "agent/v1/responses" and got["flavors"] == ["python_function"]
+    reply = got["reply"]
+    assert reply["output"][-1]["type"] == "message"
+    extra = reply["custom_outputs"]
+    assert {"answer", "tool_trace", "policy_turns", "stop_reason", "model_id"} <= set(extra)
+    assert all(item["type"] in ("function_call", "function_call_output", "message") for item in reply["output"])
+    assert sum(item["type"] == "function_call" for item in reply["output"]) == len(extra["tool_trace"])
+
+    client = mlflow.MlflowClient(uri)
+    champion = client.get_model_version_by_alias("agentic-policy", "champion")
+    assert champion.source == f"models:/{extra['model_id']}"  # the version is the logged model that answered
+    assert f"version {champion.version} " in outcome["champion"]
+    # the conventions of an MLflow 3 model: signature, input example, pinned requirements, linked metrics
+    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=champion.source, dst_path=str(tmp_path / "m")))
+    mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
+    assert mlmodel["signature"]["inputs"] and mlmodel["signature"]["outputs"]
+    assert (folder / "input_example.json").exists()
+    requirements = (folder / "requirements.txt").read_text().split()
+    import torch
+    import transformers
+
+    assert f"torch=={torch.__version__}" in requirements and f"transformers=={transformers.__version__}" in requirements
+    assert f"mlflow=={mlflow.__version__}" in requirements
+    linked = {m.key: m.value for m in client.get_logged_model(extra["model_id"]).metrics}
+    run_metrics = client.get_run(champion.run_id).data.metrics
+    assert linked["pass_at_1"] == run_metrics["pass_at_1"] and "arithmetic/pass_at_1" in linked
+
+
+def test_the_served_agent_answers_with_its_tools_and_rollback_serves_the_previous_champion(agent_home, policy, sandbox):
+    from environments.families import build_tools
+
+    home, tracker = agent_home
+    versions = {str(v.version): v for v in tracker.versions()}
+    tasks = {family: [t for t in policy.tasks if t["family"] == family][:6] for family in FAMILY_TOOL}
+    # the same tools the agent has, built here: a call re-run on them must observe what the agent observed
+    tools = build_tools(sandbox=sandbox, kb=policy.kb, top_k=1)
+    server, port = _serve(home)
+    try:
+        replies = {family: [_post(port, _question(t)) for t in chunk] for family, chunk in tasks.items()}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _post(port, {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"family": "poetry"}})
+        assert "custom_inputs.family" in refused.value.read().decode()
+    finally:
+        stop_server(server)
+    traces = {family: [] for family in FAMILY_TOOL}
+    for family, chunk in replies.items():
+        for reply in chunk:
+            extra = reply["custom_outputs"]
+            assert extra["model_version"] == "2" and versions["2"].source == f"models:/{extra['model_id']}"
+            assert all(call["name"] == FAMILY_TOOL[family] for call in extra["tool_trace"]), (family, extra)
+            for call in extra["tool_trace"]:
+                [again] = tools[call["name"]].call_many([call["args"]])
+                assert again.observation == call["result"], (family, call)
+            calls = [item for item in reply["output"] if item["type"] == "function_call"]
+            outputs = [item for item in reply["output"] if item["type"] == "function_call_output"]
+            assert [c["call_id"] for c in calls] == [o["call_id"] for o in outputs]
+            assert [json.loads(c["arguments"]) for c in calls] == [
+                {"code" if call["name"] == "code" else "query": call["args"]} for call in extra["tool_trace"]
+            ]
+            assert reply["output"][-1]["type"] == "message"
+            traces[family] += extra["tool_trace"]
+    # the interpreter ran the policy's code (an arithmetic call printed a number), the search read the corpus
+    assert any(call["result"].strip().lstrip("-").isdigit() for call in traces["arithmetic"]), traces["arithmetic"]
+    assert traces["code"] and any(
+        doc["text"][:20] in call["result"] for call in traces["search"] for doc in policy.kb.documents
+    )
+    assert sum(r["custom_outputs"]["answer"] is not None for chunk in replies.values() for r in chunk) >= 9
+    # every request was traced into the flywheel's experiment (the MLflow UI's Traces tab), nothing in the repo
+    logged = tracker.raw_client().search_traces(locations=[tracker.experiment_id()], max_results=100)
+    assert len(logged) >= sum(len(chunk) for chunk in replies.values()) and not (REPO / "mlruns").exists()
+
+    env = _env(home)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.registry", "--profile", "micro", "rollback"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "v2 -> v1" in done.stdout, done.stderr
+    server, port = _serve(home)
+    try:
+        reply = _post(port, _question(tasks["arithmetic"][0]))
+    finally:
+        stop_server(server)
+    assert reply["custom_outputs"]["model_version"] == "1"
+    assert versions["1"].source == f"models:/{reply['custom_outputs']['model_id']}"
+
+
+def test_a_version_registered_before_versions_were_models_is_named_not_served(agent_home, capsys):
+    from pipelines.serve import main as serve
+
+    home, _ = agent_home
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        assert serve(["--profile", "micro", "--version", "3"]) == 1
+        assert serve(["--profile", "micro", "--version", "9"]) == 1
+    err = capsys.readouterr().err
+    assert "version 3 was registered before versions were MLflow models" in err
+    assert "versions that can: 1, 2" in err and "has no version '9'" in err
+
+
+def test_registry_load_gives_the_policy_of_an_agent_model_and_of_an_old_folder_version(agent_home, tmp_path, policy):
+    import torch
+
+    from pipelines.registry import load
+
+    home, tracker = agent_home
+    expected = dict(policy.model.named_parameters())
+    for alias, version in (("old", "3"), ("current", "1")):
+        tracker.set_alias(alias, version)
+        model, _, folder = load(tracker, alias, tmp_path / alias)
+        assert (folder / "config.json").exists()
+        assert all(torch.equal(p, expected[name]) for name, p in model.named_parameters())
