@@ -163,7 +163,23 @@ def test_the_served_agent_answers_with_its_tools_and_rollback_serves_the_previou
         replies = {family: [_post(port, _question(t)) for t in chunk] for family, chunk in tasks.items()}
         with pytest.raises(urllib.error.HTTPError) as refused:
             _post(port, {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"family": "poetry"}})
-        assert "custom_inputs.family" in refused.value.read().decode()
+        assert "custom_inputs.family: 'poetry' is not one of this agent's families" in refused.value.read().decode()
+        # bad requests are refused naming the field; none of them runs an episode
+        for body, named in [
+            ({"input": [{"role": "system", "content": "be brief"}]}, "no user message"),
+            (
+                {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"temp": 1}},
+                "custom_inputs: unknown ['temp']",
+            ),
+            (
+                {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"temperature": "hot"}},
+                "custom_inputs.temperature",
+            ),
+            ({"input": [{"role": "user", "content": "7 * 6 " * 2000}]}, "leaves no room for an answer"),
+        ]:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                _post(port, body)
+            assert refused.value.code == 400 and named in refused.value.read().decode(), named
     finally:
         stop_server(server)
     traces = {family: [] for family in FAMILY_TOOL}

@@ -27,6 +27,7 @@ import os
 import secrets
 import threading
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.pyfunc import ResponsesAgent
@@ -35,6 +36,7 @@ from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse
 from configs.schema import RolloutConfig, SandboxConfig
 from environments.families import build_tools
 from environments.search import kb_from_rows
+from training.agent.chat import prompt_ids
 from training.agent.engines import build_rollout_engine
 from training.agent.loop import Episode, run_episodes
 from training.model import load_policy, load_tokenizer
@@ -51,8 +53,41 @@ ANY_FAMILY = "any"  # a question that names no family: every tool the agent has
 TOOL_ARGUMENT = {"code": "code", "search": "query"}  # the function-call argument each tool's call text is
 
 
+OPTIONS = frozenset({"family", "greedy", "temperature", "seed"})  # what `custom_inputs` may hold
+MIN_ANSWER_TOKENS = 8  # a question must leave the policy at least this much of the context
+MAX_TEMPERATURE = 5.0
+
+
 class RequestError(ValueError):
     """A request the agent cannot answer as asked; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Sampled:
+    greedy: bool
+    temperature: float
+    seed: int
+
+
+def sampled_from(options: dict, default_temperature: float) -> Sampled:
+    """The request's sampling: `greedy` (a boolean), `temperature` (0 < t <= MAX_TEMPERATURE; default:
+    what the benchmark measured at), `seed` (an integer; default: a fresh one, returned in the reply)."""
+    greedy = options.get("greedy", False)
+    if not isinstance(greedy, bool):
+        raise RequestError(f"custom_inputs.greedy: must be true or false, got {greedy!r}")
+    temperature = options.get("temperature", default_temperature)
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 < temperature <= MAX_TEMPERATURE
+    ):
+        raise RequestError(
+            f"custom_inputs.temperature: must be a number in (0, {MAX_TEMPERATURE}], got {temperature!r}"
+        )
+    seed = options.get("seed", secrets.randbits(32))
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise RequestError(f"custom_inputs.seed: must be an integer, got {seed!r}")
+    return Sampled(greedy, float(temperature), seed)
 
 
 def question_of(request: ResponsesAgentRequest) -> str:
@@ -110,8 +145,11 @@ class ToolAgent(ResponsesAgent):
         self._one_at_a_time = threading.Lock()  # one engine: requests take turns (scale with server workers)
         _LOADED.add(self)
 
-    def task_of(self, request: ResponsesAgentRequest) -> tuple[dict, dict]:
+    def task_of(self, request: ResponsesAgentRequest) -> tuple[dict, Sampled]:
         options = dict(request.custom_inputs or {})
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise RequestError(f"custom_inputs: unknown {unknown} (known: {sorted(OPTIONS)})")
         question = question_of(request)
         family = options.get("family") or ANY_FAMILY
         if family != ANY_FAMILY and family not in self.families:
@@ -126,13 +164,18 @@ class ToolAgent(ResponsesAgent):
         }
         if family == ANY_FAMILY:
             task["tools"] = tuple(self.tools)
-        return task, options
+        # a question that leaves no room for an answer is refused, not run (and never truncated)
+        length = len(prompt_ids(self.tokenizer, task, self.rollout.system_prompt))
+        room = self.rollout.max_total_tokens - length
+        if room < MIN_ANSWER_TOKENS:
+            raise RequestError(
+                f"input: the question is {length} tokens with the system prompt; this agent's context holds "
+                f"{self.rollout.max_total_tokens} (rollout.max_total_tokens), which leaves no room for an answer"
+            )
+        return task, sampled_from(options, self.temperature)
 
     def predict(self, request: ResponsesAgentRequest) -> ResponsesAgentResponse:
-        task, options = self.task_of(request)
-        greedy = bool(options.get("greedy", False))
-        temperature = float(options.get("temperature", self.temperature))
-        seed = str(options.get("seed", secrets.randbits(32)))
+        task, sampled = self.task_of(request)
         with self._one_at_a_time:
             [episode] = run_episodes(
                 self.engine,
@@ -141,11 +184,11 @@ class ToolAgent(ResponsesAgent):
                 group_size=1,
                 tools=self.tools,
                 cfg=self.rollout,
-                greedy=greedy,
-                temperature=temperature,
-                sampling_key=f"serve/seed={seed}",
+                greedy=sampled.greedy,
+                temperature=sampled.temperature,
+                sampling_key=f"serve/seed={sampled.seed}",
             )
-        return self.response(episode, seed)
+        return self.response(episode, str(sampled.seed))
 
     def response(self, episode: Episode, seed: str) -> ResponsesAgentResponse:
         turns = [self.tokenizer.decode(span) for span in policy_spans(episode.completion_ids, episode.tool_mask)]
