@@ -134,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     bench_mean, bench_low, bench_high = mean_ci(list(benchmark.values()), cfg.benchmark.confidence)
     diff, diff_low, diff_high = paired_difference(served, benchmark, cfg.benchmark.confidence)
     versions = {r["model_version"] for r in replies}
+    logged_at = tracker.client().get_run(champion.run_id).data.tags.get("mlflow.source.git.commit", "?")[:7]
     row = {
         "version": str(champion.version),
+        "champion_logged_at": logged_at,
         "served_versions": sorted(versions),
         "family": args.family,
         "tasks": len(tasks),
@@ -154,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"# Served champion vs the benchmark asset\n\n`.venv/bin/python benchmarks/serving_parity.py --home H "
         f"--profile {args.profile} --family {args.family} --tasks {args.tasks}` at {commit()}, on a home made by "
-        f"`make run PROFILE={args.profile}` at the same commit. Served: one sampled request per task over HTTP "
-        f"(`make serve`'s server); benchmark: the champion's per-task scores ({cfg.benchmark.samples_per_task} samples "
-        f"per task). Paired 95% CI of served - benchmark over the same tasks.\n\n"
+        f"`make run PROFILE={args.profile}` (the champion was benchmarked and logged at {logged_at}). Served: one "
+        f"sampled request per task over HTTP (`make serve`'s server); benchmark: the champion's per-task scores "
+        f"(benchmark.samples_per_task={cfg.benchmark.samples_per_task}). Paired 95% CI of served - benchmark over "
+        f"the same tasks.\n\n"
     )
     lines = [
         "| version | family | tasks | served pass@1 [95% CI] | benchmark pass@1, same tasks [95% CI] | served - benchmark [95% CI] | 0 in CI | tool-call rate | s/request |",
