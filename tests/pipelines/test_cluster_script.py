@@ -158,7 +158,7 @@ def guide_commands() -> list[tuple[str, str]]:
 
     commands, cwd = [], "."
     for block in re.findall(r"```bash\n(.*?)```", GUIDE.read_text(), flags=re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # a line continued with `\` is one command
             line = line.split(" #")[0].strip()
             if not line:
                 continue
@@ -206,7 +206,7 @@ def test_every_repo_command_in_the_deployment_guide_exists():
         elif words[0] in ("eval", "export"):
             continue
         else:
-            assert words[0] in ("kubectl", "aws", "docker"), f"docs/deploy.md: unchecked command {line!r}"
+            assert words[0] in ("kubectl", "aws", "docker", "curl"), f"docs/deploy.md: unchecked command {line!r}"
 
 
 def test_the_script_reads_only_outputs_the_layers_have():

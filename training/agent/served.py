@@ -92,7 +92,7 @@ def sampled_from(options: dict, default_temperature: float) -> Sampled:
 
 def question_of(request: ResponsesAgentRequest) -> str:
     for message in reversed(request.input):
-        item = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+        item = message.model_dump()  # the request validated every item into a pydantic model
         if item.get("role") == "user":
             content = item.get("content")
             if isinstance(content, list):  # content parts: [{"type": "input_text", "text": ...}]
@@ -128,9 +128,8 @@ class ToolAgent(ResponsesAgent):
 
     def load_context(self, context) -> None:
         settings = json.loads(Path(context.artifacts["agent"]).read_text())
-        self.rollout = RolloutConfig.model_validate(settings["rollout"])
-        if os.environ.get(ENGINE_ENV):
-            self.rollout = self.rollout.model_copy(update={"engine": os.environ[ENGINE_ENV]})
+        engine = {"engine": os.environ[ENGINE_ENV]} if os.environ.get(ENGINE_ENV) else {}
+        self.rollout = RolloutConfig.model_validate({**settings["rollout"], **engine})  # a bad engine name is named
         self.temperature = float(settings["temperature"])
         self.families = tuple(settings["families"])
         folder = context.artifacts["checkpoint"]
