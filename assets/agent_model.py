@@ -74,7 +74,7 @@ def agent_settings(cfg) -> dict:
         "temperature": cfg.benchmark.temperature,  # what the gate measured pass@1 at
         "families": sorted(cfg.data.families),
         "dtype": cfg.model.dtype,
-        "device": "cpu" if cfg.device == "auto" else cfg.device,
+        "device": cfg.device,  # resolved where the agent loads ("auto": a GPU if the server has one)
     }
 
 

@@ -42,7 +42,8 @@ def tracker_for(cfg: FlywheelConfig) -> MLflowTracker:
     return resources_for(cfg)["tracker"]
 
 
-def _version(tracker: MLflowTracker, version: str):
+def version_named(tracker: MLflowTracker, version: str):
+    """The registered version `version`, or RegistryError naming the versions there are."""
     found = {str(v.version): v for v in tracker.versions()}
     if str(version) not in found:
         raise RegistryError(
@@ -53,7 +54,7 @@ def _version(tracker: MLflowTracker, version: str):
 
 def gate(tracker: MLflowTracker, version: str, cfg: FlywheelConfig) -> dict:
     """The benchmark asset's promotion decision for `version` against the current champion."""
-    candidate = _version(tracker, version)
+    candidate = version_named(tracker, version)
     champion = tracker.version_by_alias(CHAMPION)
     if champion is not None and str(champion.version) == str(candidate.version):
         raise RegistryError(f"version {version} is already the champion")

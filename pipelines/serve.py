@@ -26,7 +26,7 @@ import sys
 from assets.locks import Busy
 from assets.tracking import CHAMPION, MLflowTracker
 from configs import ConfigError, load_profile, parse_override
-from pipelines.registry import RegistryError, tracker_for
+from pipelines.registry import RegistryError, tracker_for, version_named
 from training.agent.served import ENGINE_ENV, VERSION_ENV
 
 REQUEST_TIMEOUT_S = 600  # one request is one whole episode: several turns and tool calls
@@ -39,14 +39,8 @@ def is_agent_model(version) -> bool:
 
 def servable_version(tracker: MLflowTracker, alias: str | None, version: str | None):
     """The version to serve: `version`, or the one `alias` points at."""
-    versions = {str(v.version): v for v in tracker.versions()}
     if version is not None:
-        if str(version) not in versions:
-            raise RegistryError(
-                f"registered model {tracker.registered_model!r} has no version {version!r} "
-                f"(versions: {', '.join(versions) or 'none'})"
-            )
-        chosen = versions[str(version)]
+        chosen = version_named(tracker, version)
     else:
         chosen = tracker.version_by_alias(alias)
         if chosen is None:
@@ -54,7 +48,7 @@ def servable_version(tracker: MLflowTracker, alias: str | None, version: str | N
                 f"registered model {tracker.registered_model!r} has no {alias!r} alias yet (run `make run`)"
             )
     if not is_agent_model(chosen):
-        servable = [v for v, mv in versions.items() if is_agent_model(mv)]
+        servable = [str(v.version) for v in tracker.versions() if is_agent_model(v)]
         raise RegistryError(
             f"version {chosen.version} was registered before versions were MLflow models (its source "
             f"{chosen.source} is a plain checkpoint folder) and cannot be served; versions that can: "

@@ -67,3 +67,26 @@ def test_a_question_of_no_family_may_call_every_tool_and_is_told_so():
 def test_the_answer_is_the_last_one_the_policy_wrote_outside_its_tool_calls():
     turns = ["<code>print('<answer>9</answer>')</code>", "<answer>41</answer>"]
     assert answer_of(turns) == "41" and answer_of(["no answer here"]) is None
+
+
+def test_a_task_file_cannot_widen_the_tools_a_training_task_may_call(tmp_path):
+    """`tools` on a task is how a served question is offered every tool; a user's task file (or a
+    row's metadata) must not do the same for a training task: an arithmetic row that asks for
+    search still offers only the interpreter, so a policy's search call there stays a misuse."""
+    import json
+
+    from environments.task_files import load_task_file
+
+    path = tmp_path / "tasks.jsonl"
+    row = {
+        "task_id": "t1",
+        "family": "arithmetic",
+        "level": 1,
+        "prompt": "compute 2+3\n",
+        "answer": "5",
+        "tools": ["code", "search"],
+        "metadata": {"tools": ["code", "search"]},
+    }
+    path.write_text(json.dumps(row) + "\n")
+    [task] = load_task_file(str(path)).to_dict("records")
+    assert "tools" not in task and tools_offered(task) == ("code",)

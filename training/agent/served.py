@@ -39,6 +39,7 @@ from environments.search import kb_from_rows
 from training.agent.chat import prompt_ids
 from training.agent.engines import build_rollout_engine
 from training.agent.loop import Episode, run_episodes
+from training.engines import resolve_device
 from training.model import load_policy, load_tokenizer
 from training.sequences import policy_spans
 from verifiers.protocol import extract_answers
@@ -133,7 +134,8 @@ class ToolAgent(ResponsesAgent):
         self.temperature = float(settings["temperature"])
         self.families = tuple(settings["families"])
         folder = context.artifacts["checkpoint"]
-        model, self.tokenizer = load_policy(folder, settings["dtype"], settings["device"]), load_tokenizer(folder)
+        model = load_policy(folder, settings["dtype"], resolve_device(settings["device"]))
+        self.tokenizer = load_tokenizer(folder)
         kb = kb_from_rows(json.loads(Path(context.artifacts["knowledge_base"]).read_text()))
         sandbox = sandbox_from_settings(SandboxConfig.model_validate(settings["sandbox"]))
         self._resources.callback(sandbox.close)
