@@ -1,19 +1,23 @@
 # The two commands a user needs: `make run` and `make test`. Both set up first (idempotent).
-PROFILE ?= tiny
+# Recipes read the home as the shell variable "$$FLYWHEEL_HOME", always quoted (a home may hold
+# spaces); `make lint` runs shellcheck on every recipe (scripts/lint_shell.sh) to keep it so.
+# PROFILE unset: the profile this home's flywheel runs with (FLYWHEEL_HOME/flywheel.json), tiny for a new home.
+PROFILE ?=
 SEED ?=
 export FLYWHEEL_HOME ?= $(CURDIR)/.flywheel
 VENV := .venv
 PY := $(VENV)/bin/python
 # The pretrained models the profile names (e.g. `name_or_path: smollm2-135m-instruct`): set-up fetches
 # and imports them into the model cache (scripts/fetch_model.py; a no-op once they are there).
-PROFILE_MODELS = $(shell python3 scripts/fetch_model.py --named-in configs/$(PROFILE).yaml)
+PROFILE_MODELS = $(shell python3 scripts/fetch_model.py --named-in configs/$(or $(PROFILE),$(shell python3 scripts/home_profile.py),tiny).yaml)
+PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE),)
 
 .PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz models promote rollback serve clean
 setup:
 	@bash scripts/setup.sh $(foreach model,$(PROFILE_MODELS),--model $(model))
 
 run: setup
-	$(PY) -m pipelines.run --profile $(PROFILE) $(if $(SEED),--seed $(SEED),) $(ARGS)
+	$(PY) -m pipelines.run $(PROFILE_ARG) $(if $(SEED),--seed $(SEED),) $(ARGS)
 
 # After a killed or failed `make run`: its failed run again from where it stopped, then the rounds left.
 resume: setup
@@ -29,19 +33,19 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/lint_shell.sh
 
 # The UIs listen on this machine only: they have no login, and the Dagster UI can launch runs.
 # UI_HOST=0.0.0.0 exposes them to the network (put an authenticating proxy in front first).
 UI_HOST ?= 127.0.0.1
 
 dagster-ui: setup
-	DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster dev --host $(UI_HOST)
+	DAGSTER_HOME="$$FLYWHEEL_HOME/dagster" $(VENV)/bin/dagster dev --host $(UI_HOST)
 
 # Re-score a stored round with a stricter verifier (docs/verifiers.md): make audit ROUND=2 [CONFIG='{"ops": ...}']
 ROUND ?= 1
 audit: setup
-	FLYWHEEL_PROFILE=$(PROFILE) DAGSTER_HOME=$(FLYWHEEL_HOME)/dagster $(VENV)/bin/dagster asset materialize -m pipelines.definitions \
-		--select reward_audit --partition $(ROUND) $(if $(CONFIG),--config-json '$(CONFIG)',)
+	$(PY) -m pipelines.audit $(PROFILE_ARG) --round $(ROUND) $(if $(CONFIG),--config-json '$(CONFIG)',)
 
 # Wrong answers through the training reward (docs/reward-fuzz.md): make fuzz [ARGS='--attempts 100000 --families code']
 fuzz: setup
@@ -49,25 +53,27 @@ fuzz: setup
 
 # Model registry (README "Model registry"): make models | make promote VERSION=3 [FORCE=1] | make rollback
 models: setup
-	$(PY) -m pipelines.registry --profile $(PROFILE) list
+	$(PY) -m pipelines.registry $(PROFILE_ARG) list
 
 promote: setup
 	@test -n "$(VERSION)" || { echo "usage: make promote VERSION=<n> [FORCE=1]"; exit 2; }
-	$(PY) -m pipelines.registry --profile $(PROFILE) promote $(VERSION) $(if $(FORCE),--force,)
+	$(PY) -m pipelines.registry $(PROFILE_ARG) promote $(VERSION) $(if $(FORCE),--force,)
 
 rollback: setup
-	$(PY) -m pipelines.registry --profile $(PROFILE) rollback
+	$(PY) -m pipelines.registry $(PROFILE_ARG) rollback
 
 # The champion agent over HTTP (README "Serving"), on this machine only unless SERVE_HOST says otherwise:
 # make serve [PORT=8080] [VERSION=<n> | ALIAS=challenger] [ENGINE=hf|vllm]. The version is resolved once, at start.
 PORT ?= 8080
 SERVE_HOST ?= 127.0.0.1
 serve: setup
-	$(PY) -m pipelines.serve --profile $(PROFILE) --host $(SERVE_HOST) --port $(PORT) \
+	$(PY) -m pipelines.serve $(PROFILE_ARG) --host $(SERVE_HOST) --port $(PORT) \
 		$(if $(VERSION),--version $(VERSION),) $(if $(ALIAS),--alias $(ALIAS),) $(if $(ENGINE),--engine $(ENGINE),)
 
 mlflow-ui: setup
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(FLYWHEEL_HOME)/mlflow.db --host $(UI_HOST) --port 5000
+	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$$FLYWHEEL_HOME/mlflow.db" --host $(UI_HOST) --port 5000
 
+# Deletes the home (never an empty FLYWHEEL_HOME, which would name the current directory).
 clean:
-	rm -rf $(FLYWHEEL_HOME)
+	@test -n "$$FLYWHEEL_HOME" || { echo "FLYWHEEL_HOME is set but empty: nothing deleted"; exit 2; }
+	rm -rf "$$FLYWHEEL_HOME"

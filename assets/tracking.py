@@ -203,6 +203,19 @@ class MLflowTracker(ConfigurableResource):
         client.set_terminated(run.info.run_id)
         return run.info.run_id
 
+    def end_orphaned_runs(self, dagster_run_over: Callable[[str], bool]) -> list[str]:
+        """Mark KILLED the MLflow runs still RUNNING whose Dagster run is over (`dagster_run_over`
+        says so): what a killed process leaves behind, since only a live step ends its run. Returns
+        their ids."""
+        client = self.client()
+        ended = []
+        for run in client.search_runs([self.experiment_id()], filter_string="attributes.status = 'RUNNING'"):
+            dagster_run = run.data.tags.get("dagster.run_id")
+            if dagster_run and dagster_run_over(dagster_run):
+                client.set_terminated(run.info.run_id, "KILLED")
+                ended.append(run.info.run_id)
+        return ended
+
     def parent_of(self, run_id: str) -> str | None:
         return self.client().get_run(run_id).data.tags.get(PARENT_RUN_ID_TAG)
 

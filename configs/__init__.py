@@ -35,8 +35,15 @@ def available_profiles() -> list[str]:
 
 
 def flywheel_home() -> Path:
-    """Root of all local state (Dagster instance, artifacts, MLflow sqlite)."""
-    return Path(os.environ.get("FLYWHEEL_HOME", "./.flywheel")).resolve()
+    """Root of all local state (Dagster instance, artifacts, MLflow sqlite): FLYWHEEL_HOME, or
+    ./.flywheel when it is unset. Set but empty (`FLYWHEEL_HOME= make run`) is refused: it would
+    make the current directory (the repository) the home."""
+    value = os.environ.get("FLYWHEEL_HOME")
+    if value is not None and not value.strip():
+        raise ConfigError(
+            "FLYWHEEL_HOME is set but empty: unset it to use ./.flywheel, or give the folder the flywheel keeps its state in"
+        )
+    return Path(value or "./.flywheel").resolve()
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any, defaults: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ Unset (always, outside tests), `failpoint()` is one dictionary lookup. The point
 | `rl.verify` | in the verifier cascade, after the fast tier and before the sandboxed one |
 | `rl.update` | after an RL step's update, before its state checkpoint |
 | `benchmark` | after a batch of benchmark episodes is scored |
+| `run.created` | at each event of a run `make run` launches: the first is logged while the run is stored but not started (`pipelines/run.py::execute`) |
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import signal
 from collections import Counter
 
 ENV = "FLYWHEEL_FAILPOINT"
-POINTS = ("sft.step", "rl.rollout", "rl.verify", "rl.update", "benchmark")
+POINTS = ("sft.step", "rl.rollout", "rl.verify", "rl.update", "benchmark", "run.created")
 _hits: Counter[str] = Counter()
 
 

@@ -89,7 +89,7 @@ class DataConfig(_Strict):
     contamination_ngram: int = Field(
         13, ge=4, description="A shared run of this many words marks a benchmark prompt as seen in training."
     )
-    seed: int = Field(0, description="Seed for task generation; the benchmark uses seed + 1_000_003.")
+    seed: int = Field(0, ge=0, description="Seed for task generation; the benchmark uses seed + 1_000_003.")
 
     @model_validator(mode="after")
     def _some_family(self) -> "DataConfig":
@@ -796,7 +796,9 @@ class OrchestrationConfig(_Strict):
 
 class FlywheelConfig(_Strict):
     profile: str = "tiny"
-    seed: int = 0
+    # >= 0: Python's random.Random(-3) is random.Random(3) (it seeds with the absolute value), so a
+    # negative seed would silently be another flywheel's tasks; numpy's generators refuse them outright
+    seed: int = Field(0, ge=0)
     threads: int = Field(2, ge=1, description="torch intra-op threads on CPU.")
     device: Literal["cpu", "cuda"] = "cpu"
     data: DataConfig = DataConfig()

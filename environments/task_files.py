@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import math
 
@@ -33,6 +34,9 @@ from verifiers.protocol import TAGS
 MAX_PROMPT_CHARS = 4000
 REQUIRED = ("task_id", "family", "level", "prompt", "answer")
 MAX_REPORTED = 20
+# A task file is read whole into memory: past this (512 MiB, ~250k code tasks) it is refused before
+# it is, and so is a gzipped file that inflates past it, or a device such as /dev/zero that never ends.
+MAX_FILE_BYTES = 512 * 2**20
 
 
 class TaskFileError(ValueError):
@@ -46,13 +50,15 @@ def read_rows(path: str, what: str = "task file") -> list[dict]:
     fs, local = fsspec.core.url_to_fs(str(path))
     if not fs.exists(local):
         raise FileNotFoundError(f"{what} {path} does not exist")
-    if str(path).endswith(".parquet"):
-        with fs.open(local, "rb") as f:
-            return [{**row, "_row": i} for i, row in enumerate(pd.read_parquet(f).to_dict("records"), start=1)]
     with fs.open(local, "rb") as f:
-        raw = f.read()
+        raw = _read_capped(f, path, what)
+    if str(path).endswith(".parquet"):
+        return [
+            {**row, "_row": i} for i, row in enumerate(pd.read_parquet(io.BytesIO(raw)).to_dict("records"), start=1)
+        ]
     if str(path).endswith(".gz"):
-        raw = gzip.decompress(raw)
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+            raw = _read_capped(f, path, f"{what} (gunzipped)")
     rows, problems = [], []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
@@ -72,6 +78,19 @@ def read_rows(path: str, what: str = "task file") -> list[dict]:
     if problems:
         raise TaskFileError(_summary(path, problems, what))
     return rows
+
+
+def _read_capped(f, path: str, what: str, limit: int | None = None) -> bytes:
+    """At most `limit` bytes of `f` (default MAX_FILE_BYTES), or TaskFileError if there are more:
+    a file is never read past the cap, whatever its size claims to be."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+    raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise TaskFileError(
+            f"{what} {path} is larger than {limit:,} bytes ({limit / 2**20:.0f} MiB), the most a task file may hold: "
+            "split it into several files or give fewer tasks"
+        )
+    return raw
 
 
 def row_problems(row: dict, number: int) -> list[str]:

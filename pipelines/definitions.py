@@ -12,9 +12,11 @@ import os
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets import audit, benchmark, data, rl, sft
-from configs import load_profile
+from configs import flywheel_home, load_profile
 from environments.family import resolve_families
 from pipelines.automation import build_automation
+from pipelines.console import flywheel_console
+from pipelines.home import located, settings
 from pipelines.resources import executor_for, resources_for
 
 FOUNDATION_JOB = "foundation"
@@ -24,6 +26,10 @@ TASKS_JOB = "refresh_tasks_job"
 
 
 def build_definitions(profile: str | None = None, overrides: dict | None = None) -> Definitions:
+    if profile is None and overrides is None and "FLYWHEEL_PROFILE" not in os.environ:
+        # `dagster dev` / `make audit` on a home: the settings its flywheel runs with (pipelines/home.py)
+        located()
+        profile, overrides = settings(flywheel_home(), None, json.loads(os.environ.get("FLYWHEEL_OVERRIDES", "{}")))
     overrides = overrides if overrides is not None else json.loads(os.environ.get("FLYWHEEL_OVERRIDES", "{}"))
     cfg = resolve_families(load_profile(profile, overrides))
     limits = {"dagster/max_runtime": str(cfg.orchestration.max_runtime_s)}
@@ -94,6 +100,7 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
         sensors=sensors,
         resources=resources_for(cfg, overrides),
         executor=executor_for(cfg, assets),
+        loggers={"flywheel": flywheel_console},  # `make run`'s console and log file (pipelines/console.py)
     )
 
 

@@ -28,7 +28,8 @@ import yaml
 
 from assets.locks import Busy
 from assets.tracking import CHAMPION, ChampionChanged, MLflowTracker
-from configs import ConfigError, FlywheelConfig, load_profile, parse_override
+from configs import ConfigError, FlywheelConfig, parse_override
+from pipelines.home import HomeError, config_for, located
 from training.evaluate import promotion_decision
 
 
@@ -93,7 +94,8 @@ def promote(tracker: MLflowTracker, version: str, cfg: FlywheelConfig, *, force:
     if decision["blocked_by"]:
         reasons.append(f"its round was blocked ({decision['blocked_by']})")
     if reasons and not force:
-        raise RegistryError(f"refused: {figures}; {' and '.join(reasons)}. Pass --force to promote anyway.")
+        how = f"make promote VERSION={version} FORCE=1" if "MAKELEVEL" in os.environ else "pass --force"
+        raise RegistryError(f"refused: {figures}; {' and '.join(reasons)}. To promote anyway: {how}.")
     try:  # gated: only over the champion the gate compared against; forced: over whoever holds it
         tracker.promote(
             version, "force" if reasons else "gate", **({} if reasons else {"expected": decision["champion"]})
@@ -146,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.registry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--profile", default=None, help="profile whose MLflow store to use (default: FLYWHEEL_PROFILE or tiny)"
+        "--profile",
+        default=None,
+        help="profile (default: the one this home's flywheel runs with, its overrides too; else FLYWHEEL_PROFILE or tiny)",
     )
     parser.add_argument(
         "--set",
@@ -170,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     # score downloads would print bars between our lines
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
-        cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
+        located()  # a moved home's stored paths rewritten before MLflow reads them
+        cfg = config_for(args.profile, dict(parse_override(item) for item in args.set))
         tracker = tracker_for(cfg)
         if args.command == "list":
             rows = tracker.version_rows()
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"loaded models:/{tracker.registered_model}@{args.alias} from {folder}: {sum(p.numel() for p in model.parameters()):,} parameters"
             )
-    except (RegistryError, LookupError, ConfigError, Busy) as exc:
+    except (RegistryError, LookupError, ConfigError, HomeError, Busy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -27,8 +27,11 @@ import time
 import uuid
 from pathlib import Path
 
+from assets.locks import Busy
 from configs import ConfigError, flywheel_home, load_profile, parse_override
+from configs.failpoints import failpoint
 from environments.family import resolve_families
+from pipelines.home import HomeError, check_lineage, relocate, remember, remembered, run_lock, settings, writable_home
 from pipelines.instance import LOCAL_SETTINGS
 
 # What earlier versions wrote (without monitoring; without the run queue's one-run-per-round limit): upgraded in place.
@@ -54,8 +57,10 @@ def prepare_home(home: Path) -> None:
     hf_logging.disable_progress_bar()  # weight loading/saving bars would drown the progress lines
 
 
-# Progress lines (INFO) on the console; Dagster's per-event DEBUG lines stay in the UI's run log.
-CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+def console(log_file: Path) -> dict:
+    """Run config for `make run`'s runs: progress lines (INFO) and one-line failures on the console,
+    every event in full in `log_file` (pipelines/console.py); the UI's run log has them too."""
+    return {"loggers": {"flywheel": {"config": {"log_level": "INFO", "log_file": str(log_file)}}}}
 
 
 # Tags on every run a flywheel launches: which flywheel it belongs to, how to rebuild its
@@ -73,10 +78,24 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     """A new flywheel (foundation, then `rl.rounds` rounds); with `resume`, the last one continued:
     its failed or killed run re-executed from failure (completed steps are not run again), then
     the rounds it had still to run. Profile and overrides then come from that flywheel's runs."""
-    resolve_families(load_profile(profile, overrides))  # 1. validate (family modules too) before anything starts
     home = flywheel_home()
+    if not resume:  # 1. the home's own settings unless told otherwise; validated before anything starts
+        profile, overrides = settings(home, profile, overrides)
+        resolve_families(load_profile(profile, overrides))
+    writable_home(home)
+    with run_lock(home, "make resume" if resume else "make run"):  # one run or resume per home at a time
+        moved = relocate(home)
+        if moved:
+            print(f"[flywheel] this home moved to {home}: rewrote the stored paths in {', '.join(moved)}", flush=True)
+        return _run_flywheel(home, profile, overrides, resume=resume)
+
+
+def _run_flywheel(home: Path, profile: str | None, overrides: dict, *, resume: bool) -> dict:
+    if not resume:
+        cfg = resolve_families(load_profile(profile, overrides))
+        check_lineage(home, cfg)
     prepare_home(home)  # 2.
-    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
     from assets.rl import next_round, rl_rounds
     from pipelines.definitions import FOUNDATION_JOB, RL_ROUND_JOB, build_definitions
@@ -84,14 +103,29 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
     from training.evaluate import paired_difference
 
     instance = DagsterInstance.get()
-    fail_dead_runs(instance)
+    dead = fail_dead_runs(instance)
     started = time.perf_counter()
     runs = flywheel_runs(instance) if resume else []
     if resume:
         if not runs:
             raise SystemExit(f"[flywheel] nothing to resume: no flywheel has run in {home}")
         profile, overrides = runs[0].tags[PROFILE_TAG], json.loads(runs[0].tags[OVERRIDES_TAG])
+    elif remembered(home) is None and (earlier := flywheel_runs(instance)):
+        # a home made before homes remembered their lineage: its last flywheel's settings are the record
+        earlier_cfg = load_profile(earlier[0].tags[PROFILE_TAG], json.loads(earlier[0].tags[OVERRIDES_TAG]))
+        founded = any(r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in earlier)
+        remember(home, earlier_cfg.profile, json.loads(earlier[0].tags[OVERRIDES_TAG]), earlier_cfg, bind=founded)
+        check_lineage(home, cfg)
     cfg = resolve_families(load_profile(profile, overrides))
+    remember(home, profile, overrides, cfg)
+    tracker = resources_for(cfg, overrides)["tracker"]
+    ended = tracker.end_orphaned_runs(lambda run_id: _finished(instance, run_id))
+    if dead or ended:
+        print(
+            f"[flywheel] found {len(dead)} Dagster run(s) whose process was gone (marked failed) and "
+            f"{len(ended)} MLflow run(s) left RUNNING by them (marked KILLED)",
+            flush=True,
+        )
     # what a re-execution's job is rebuilt from (pipelines/definitions.py), as the Dagster UI does
     os.environ["FLYWHEEL_PROFILE"], os.environ["FLYWHEEL_OVERRIDES"] = profile, json.dumps(overrides)
     defs = build_definitions(profile, overrides)
@@ -102,7 +136,10 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
         PID_TAG: str(os.getpid()),
         HOST_TAG: socket.gethostname(),
     }
-    if runs and runs[0].status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.QUEUED):
+    log_file = home / "logs" / f"flywheel-{tags[FLYWHEEL_TAG]}.log"
+    print(f"[flywheel] full log (every event, tracebacks included): {log_file}", flush=True)
+    live = (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
+    if runs and runs[0].status in live:
         raise SystemExit(
             f"[flywheel] the last flywheel is still running: run {runs[0].run_id[:8]} (pid {runs[0].tags.get(PID_TAG)})"
         )
@@ -115,34 +152,30 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
             f"[flywheel] profile={profile} home={home}: re-executing {what} (run {parent.run_id[:8]}) from failure",
             flush=True,
         )
-        result = reexecute_from_failure(instance, parent, tags)
+        result = reexecute_from_failure(instance, parent, tags, log_file)
         if not result.success:
-            raise SystemExit(failure_message(result, what))
+            raise SystemExit(failure_message(result, what, log_file))
         runs = flywheel_runs(instance)
     # 3b. foundation, then rounds
     if not any(r.job_name == FOUNDATION_JOB and r.status == DagsterRunStatus.SUCCESS for r in runs):
         print(
             f"[flywheel] profile={profile} home={home}: foundation (tasks, tokenizer, SFT, SFT benchmark)", flush=True
         )
-        result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(
-            instance=instance, run_config=CONSOLE, tags=tags, raise_on_error=False
-        )
+        result = execute(defs.resolve_job_def(FOUNDATION_JOB), instance, tags, log_file)
         if not result.success:
-            raise SystemExit(failure_message(result, FOUNDATION_JOB))
+            raise SystemExit(failure_message(result, FOUNDATION_JOB, log_file))
+    remember(home, profile, overrides, cfg, bind=True)  # from here on, the home is this lineage
     done = rounds_of(runs, RL_ROUND_JOB)
     for _ in range(cfg.rl.rounds - len(done)):
         key = str(next_round(instance))
         instance.add_dynamic_partitions(rl_rounds.name, [key])
         print(f"[flywheel] RL round {key} ({cfg.rl.steps_per_round} steps)", flush=True)
-        result = defs.resolve_job_def(RL_ROUND_JOB).execute_in_process(
-            instance=instance, partition_key=key, run_config=CONSOLE, tags=tags, raise_on_error=False
-        )
+        result = execute(defs.resolve_job_def(RL_ROUND_JOB), instance, tags, log_file, partition_key=key)
         if not result.success:
-            raise SystemExit(failure_message(result, f"{RL_ROUND_JOB} partition {key}"))
+            raise SystemExit(failure_message(result, f"{RL_ROUND_JOB} partition {key}", log_file))
         done.append(key)
     sft_scores = defs.load_asset_value("sft_benchmark_scores", instance=instance)
     rounds = [defs.load_asset_value("benchmark_scores", partition_key=key, instance=instance) for key in done]
-    tracker = resources_for(cfg, overrides)["tracker"]
     champion = tracker.version_by_alias("champion")
     final = rounds[-1] if rounds else sft_scores
     final_scores, sft_per_task = (
@@ -157,19 +190,30 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
         t: f"{f} level_{int(lv)}"
         for t, f, lv in zip(bench_tasks["task_id"], bench_tasks["family"], bench_tasks["level"])
     }
+    champion_gain = None
+    if champion is not None and champion.run_id not in (final["mlflow_run_id"], sft_scores["mlflow_run_id"]):
+        # the champion is an earlier round (or an earlier flywheel's): its gain is not the last round's
+        champion_scores = tracker.load_json(champion.run_id, "per_task_scores.json")
+        champion_gain = paired_difference(champion_scores, sft_per_task, cfg.benchmark.confidence)
+    starts = [
+        r.start_time
+        for r in instance.get_run_records(RunsFilter(tags={FLYWHEEL_TAG: tags[FLYWHEEL_TAG]}))
+        if r.start_time
+    ]
     outcome = {
         "sft": sft_scores,
         "rounds": rounds,
+        "round_keys": done,
         "gain": gain,
+        "champion_gain": champion_gain,
         "gains": paired_by(family_of, final_scores, sft_per_task, cfg.benchmark.confidence),
         "level_gains": paired_by(level_of, final_scores, sft_per_task, cfg.benchmark.confidence),
-        "minutes": (time.perf_counter() - started) / 60,
+        "minutes": (time.perf_counter() - started) / 60,  # this invocation
+        "flywheel_minutes": (time.time() - min(starts)) / 60 if starts else None,  # since its first run started
         "peak_rss_gb": peak_rss_gb(),
         "home": str(home),
         "cfg": cfg,
-        "champion": f"version {champion.version} (stage {champion.tags.get('stage')}, round {champion.tags.get('round') or '-'})"
-        if champion
-        else "none",
+        "champion": champion_label(champion),
     }
     if cfg.benchmark.include_base:  # SFT's gain over the pretrained model it started from
         base = defs.load_asset_value("base_benchmark_scores", instance=instance)
@@ -181,6 +225,47 @@ def run_flywheel(profile: str, overrides: dict, *, resume: bool = False) -> dict
             base_level_gains=paired_by(level_of, sft_per_task, base_per_task, cfg.benchmark.confidence),
         )
     return outcome
+
+
+def execute(job, instance, tags: dict, log_file: Path, partition_key: str | None = None):
+    """Run `job` in this process. Its run id is chosen here so that the `run.created` failpoint can
+    watch the run's first event: Dagster stores the run (NOT_STARTED) and logs its planned
+    materializations before it starts it, the window a kill leaves a run that never started."""
+    run_id = str(uuid.uuid4())
+    instance.add_event_listener(run_id, lambda _event: failpoint("run.created"))
+    return job.execute_in_process(
+        instance=instance,
+        partition_key=partition_key,
+        run_config=console(log_file),
+        tags=tags,
+        raise_on_error=False,
+        run_id=run_id,
+    )
+
+
+def crash_log(exc: BaseException) -> Path:
+    """The traceback of `exc` in FLYWHEEL_HOME/logs (or the temp folder if the home cannot take it)."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    name = f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    try:
+        folder = flywheel_home() / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+        return folder / name
+    except (OSError, ConfigError):
+        path = Path(tempfile.gettempdir()) / f"flywheel-{name}"
+        path.write_text(text)
+        return path
+
+
+def champion_label(champion) -> str:
+    if champion is None:
+        return "none"
+    stage, round_ = champion.tags.get("stage"), champion.tags.get("round")
+    return f"version {champion.version} ({'RL round ' + round_ if round_ else stage})"
 
 
 def peak_rss_gb() -> float:
@@ -236,7 +321,10 @@ def fail_dead_runs(instance) -> list[str]:
     from dagster import DagsterRunStatus, RunsFilter
 
     failed = []
-    for run in instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING])):
+    # NOT_STARTED too: a process killed in the moment between Dagster creating its run and starting
+    # it leaves the run NOT_STARTED forever, and such a run can be neither resumed nor re-executed
+    statuses = [DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED]
+    for run in instance.get_runs(filters=RunsFilter(statuses=statuses)):
         pid = run.tags.get(PID_TAG)
         if pid is None or run.tags.get(HOST_TAG) != socket.gethostname() or _alive(int(pid)):
             continue
@@ -245,6 +333,12 @@ def fail_dead_runs(instance) -> list[str]:
         )
         failed.append(run.run_id)
     return failed
+
+
+def _finished(instance, run_id: str) -> bool:
+    """Whether the Dagster run `run_id` is over (succeeded, failed, canceled) or unknown here."""
+    run = instance.get_run_by_id(run_id)
+    return run is None or run.is_finished
 
 
 def _alive(pid: int) -> bool:
@@ -257,7 +351,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def reexecute_from_failure(instance, parent, tags: dict):
+def reexecute_from_failure(instance, parent, tags: dict, log_file: Path):
     """Dagster's re-execution from failure: the steps that did not succeed in `parent` (and what
     depends on them) run again, reading the others' stored outputs. The job is rebuilt from
     pipelines/definitions.py, as the UI's "Re-execute from failure" does."""
@@ -269,14 +363,17 @@ def reexecute_from_failure(instance, parent, tags: dict):
     return execute_job(
         reconstructable(job),
         instance,
-        run_config=CONSOLE,
+        run_config=console(log_file),
         tags={**{k: v for k, v in parent.tags.items() if not k.endswith("_run_id")}, **tags},
         reexecution_options=ReexecutionOptions.from_failure(parent.run_id, instance),
     )
 
 
-def failure_message(result, what: str) -> str:
-    lines = [f"[flywheel] {what} failed; nothing downstream of the failure was materialized."]
+def failure_message(result, what: str, log_file: Path | None = None) -> str:
+    lines = [
+        f"[flywheel] {what} failed; nothing downstream of the failure was materialized. "
+        "Fix the cause, then `make resume` continues from the failure."
+    ]
     for event in result.all_events:
         if event.is_step_failure:
             error = event.event_specific_data.error
@@ -287,6 +384,8 @@ def failure_message(result, what: str) -> str:
             lines.append(
                 f"  check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed:\n{details}"
             )
+    if log_file is not None:
+        lines.append(f"  full text, tracebacks included: {log_file}")
     return "\n".join(lines)
 
 
@@ -294,6 +393,8 @@ def report(outcome: dict) -> str:
     sft, rounds = outcome["sft"], outcome["rounds"]
     final = rounds[-1] if rounds else sft
     cfg, home = outcome["cfg"], outcome["home"]
+    keys = outcome.get("round_keys") or [str(i) for i in range(1, len(rounds) + 1)]
+    last_label = f"last round (RL round {keys[-1]})" if rounds else "SFT"
     ks = [k for k in cfg.benchmark.pass_at_k if f"pass_at_{k}" in final]
     rows = [
         (
@@ -309,7 +410,7 @@ def report(outcome: dict) -> str:
     checkpoints = (
         ([("base (zero-shot)", outcome["base"])] if "base" in outcome else [])
         + [("SFT", sft)]
-        + [(f"RL round {i + 1}", r) for i, r in enumerate(rounds)]
+        + [(f"RL round {key}", r) for key, r in zip(outcome.get("round_keys") or range(1, len(rounds) + 1), rounds)]
     )
     for label, s in checkpoints:
         gate = ("promoted" if s["promoted"] else "not promoted") if "promoted" in s else "not registered"
@@ -331,9 +432,19 @@ def report(outcome: dict) -> str:
             "",
             table,
             "",
-            "final RL - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks); flywheel took {:.1f} min, peak RSS {:.1f} GB".format(
-                *outcome["gain"], outcome["minutes"], outcome.get("peak_rss_gb", float("nan"))
+            "{} - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI over the same tasks)".format(
+                last_label, *outcome["gain"]
             ),
+            *(
+                [
+                    "champion ({}) - SFT pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI)".format(
+                        outcome["champion"], *outcome["champion_gain"]
+                    )
+                ]
+                if outcome.get("champion_gain")
+                else []
+            ),
+            took(outcome),
             *(
                 ["SFT - base pass@1: {:+.3f} [{:+.3f}, {:+.3f}] (paired 95% CI)".format(*outcome["base_gain"])]
                 if "base_gain" in outcome
@@ -348,6 +459,15 @@ def report(outcome: dict) -> str:
             f"Dagster:  {home}/dagster   (make dagster-ui, then http://localhost:3000)",
         ]
     )
+
+
+def took(outcome: dict) -> str:
+    """Wall time: this invocation, and the flywheel's since its first run when it was resumed."""
+    line = f"this run took {outcome['minutes']:.1f} min"
+    whole = outcome.get("flywheel_minutes")
+    if whole is not None and whole - outcome["minutes"] > 0.5:
+        line += f" (the flywheel {whole:.1f} min since its first run started, with its stops)"
+    return line + f", peak RSS {outcome.get('peak_rss_gb', float('nan')):.1f} GB"
 
 
 def _with_ci(s: dict, metric: str) -> str:
@@ -387,9 +507,9 @@ def group_table(outcome: dict) -> str:
     head = (
         ["tasks"]
         + (["base"] if base else [])
-        + ["SFT", "final", "tool calls SFT -> final"]
+        + ["SFT", "last round", "tool calls SFT -> last round"]
         + (["SFT - base"] if base else [])
-        + ["final - SFT"]
+        + ["last round - SFT"]
     )
     rows = [head]
     for group, (d, lo, hi) in {**outcome["gains"], **outcome["level_gains"]}.items():
@@ -419,7 +539,11 @@ def group_table(outcome: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default=os.environ.get("FLYWHEEL_PROFILE", "tiny"))
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="profile (default: the one this home's flywheel runs with; for a new home FLYWHEEL_PROFILE or tiny)",
+    )
     parser.add_argument("--seed", type=int, help="seeds task generation, model init, SFT and RL")
     parser.add_argument(
         "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a profile value"
@@ -436,9 +560,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed is not None:
             overrides.update({"seed": args.seed, "data.seed": args.seed})
         outcome = run_flywheel(args.profile, overrides, resume=args.resume)
-    except ConfigError as exc:
+    except (ConfigError, HomeError) as exc:
         print(f"[flywheel] {exc}", file=sys.stderr)
         return 2
+    except Busy as exc:
+        print(f"[flywheel] refused: {exc.description}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # noqa: BLE001 - outside any step (a step's failure is a SystemExit with its summary)
+        log = crash_log(exc)
+        print(
+            f"[flywheel] failed: {type(exc).__name__}: {exc}\n  traceback: {log}\n"
+            "  Fix the cause, then `make resume` continues from where it stopped.",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "\n[flywheel] interrupted. `make resume` continues from where it stopped (completed steps are kept).",
+            file=sys.stderr,
+        )
+        return 130
     print(report(outcome))
     Path(outcome["home"], "last_run.json").write_text(
         json.dumps({k: v for k, v in outcome.items() if k != "cfg"}, indent=1, default=str)

@@ -25,7 +25,8 @@ import sys
 
 from assets.locks import Busy
 from assets.tracking import CHAMPION, MLflowTracker
-from configs import ConfigError, load_profile, parse_override
+from configs import ConfigError, parse_override
+from pipelines.home import HomeError, config_for, located
 from pipelines.registry import RegistryError, tracker_for, version_named
 from training.agent.served import ENGINE_ENV, VERSION_ENV
 
@@ -102,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--profile", default=None, help="profile whose MLflow store to use (default: FLYWHEEL_PROFILE or tiny)"
+        "--profile",
+        default=None,
+        help="profile (default: the one this home's flywheel runs with, its overrides too; else FLYWHEEL_PROFILE or tiny)",
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="profile override")
     which = parser.add_mutually_exclusive_group()
@@ -119,10 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        cfg = load_profile(args.profile, dict(parse_override(item) for item in args.set))
+        located()  # a moved home's stored paths rewritten before MLflow reads them
+        cfg = config_for(args.profile, dict(parse_override(item) for item in args.set))
         tracker = tracker_for(cfg)
         version = servable_version(tracker, None if args.version else args.alias, args.version)
-    except (RegistryError, LookupError, ConfigError, Busy) as exc:
+    except (RegistryError, LookupError, ConfigError, HomeError, Busy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     command, env = serve_command(tracker, version, args.host, args.port, args.workers, args.engine)

@@ -2,6 +2,7 @@
 Contamination: exact, normalized and long n-gram overlaps are found and named."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -151,3 +152,26 @@ def test_duplicates_inside_a_dataset():
         {"task_id": "c", "prompt": "compute 1+3"},
     ]
     assert duplicates(rows) == [{"task_id": "b", "duplicate_of": "a"}]
+
+
+@pytest.mark.operations
+def test_a_task_file_over_the_size_cap_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    """Issue 28: a huge file, a gzip that inflates past the cap, or /dev/zero (which claims size 0
+    and never ends) is refused naming the file and the cap, never read into memory whole."""
+    from environments import task_files
+
+    monkeypatch.setattr(task_files, "MAX_FILE_BYTES", 4096)
+    big = write_jsonl(tmp_path / "big.jsonl", [{**GOOD, "task_id": f"t{i}"} for i in range(200)])
+    with pytest.raises(TaskFileError, match=r"big\.jsonl is larger than 4,096 bytes"):
+        load_task_file(big)
+    import gzip
+
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress(Path(big).read_bytes()))
+    assert bomb.stat().st_size < 4096  # small on disk, over the cap once inflated
+    with pytest.raises(TaskFileError, match=r"task file \(gunzipped\) .*bomb\.jsonl\.gz is larger than"):
+        load_task_file(str(bomb))
+    with pytest.raises(TaskFileError, match=r"/dev/zero is larger than 4,096 bytes"):
+        load_task_file("/dev/zero")
+    small = write_jsonl(tmp_path / "small.jsonl", [GOOD])
+    assert list(load_task_file(small)["task_id"]) == ["a1"]

@@ -28,7 +28,10 @@ SETTINGS = [
 ]
 # each resume first finishes the stage the previous process died in, then dies in the next one
 KILLS = [
-    ("rl.update@1", "SFT resumed from its step-5 state; round 1 dies in step 1's update (before any round state)"),
+    # issue 28: a run killed between Dagster storing it and starting it stays NOT_STARTED; the next
+    # resume must still take it for dead and re-execute it
+    ("run.created@1", "SFT resumed from its step-5 state; round 1's run dies before it starts (NOT_STARTED)"),
+    ("rl.update@1", "round 1's never-started run re-executed; dies in step 1's update (before any round state)"),
     ("rl.rollout@1", "round 1 re-executed from scratch; dies in step 1's rollout"),
     ("rl.verify@2", "round 1 again; dies verifying step 2, after step 1's state was saved"),
     ("benchmark@1", "round 1 resumes from step 1; dies in its benchmark's first batch"),
@@ -62,12 +65,13 @@ def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tm
     for point, why in KILLS:
         proc = _flywheel(killed, "--resume", failpoint=point)
         assert proc.returncode == -9, f"{point} ({why}) did not kill the flywheel: {proc.stderr[-3000:]}"
-        logs[point] = proc.stderr
+        logs[point] = proc.stdout + proc.stderr
     final = _flywheel(killed, "--resume")
     assert final.returncode == 0, final.stderr[-3000:]
 
     # no lost steps: SFT went on from step 6, the round from its step-1 state
-    assert "sft step 5/20" not in logs["rl.update@1"] and "sft step 10/20" in logs["rl.update@1"]
+    assert "sft step 5/20" not in logs["run.created@1"] and "sft step 10/20" in logs["run.created@1"]
+    assert "re-executing rl_round_job partition 1" in logs["rl.update@1"]
     assert "round 1 resumed from its step-1 state checkpoint" in logs["benchmark@1"]
     # the same result as the uninterrupted flywheel, bit for bit
     for checkpoint in ("sft", "rl/round-1"):
@@ -84,21 +88,23 @@ def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tm
 
     _check_dagster_runs(killed)
     _check_artifacts(killed)
+    _check_mlflow_runs(killed)
     assert not (killed / "cache" / "sft-state").exists() and not (killed / "cache" / "rl-state" / "round-1").exists(), (
         "spent resume state left behind"
     )
 
 
 def _check_dagster_runs(home: Path) -> None:
-    """Six processes: five killed runs, each marked failed by the next, re-executed from failure
-    without running again a step its parent completed; the last run succeeded."""
+    """Seven processes: six killed runs (one killed before it started), each marked failed by the
+    next, re-executed from failure without running again a step its parent completed; the last
+    run succeeded."""
     from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
     instance = DagsterInstance.from_config(str(home / "dagster"))
     runs = instance.get_runs()  # newest first
     assert runs[0].status == DagsterRunStatus.SUCCESS
     killed = [r for r in runs if r.status == DagsterRunStatus.FAILURE]
-    assert len(killed) == 5
+    assert len(killed) == 6
 
     def steps(run_id: str, event: DagsterEventType) -> set[str]:
         return {entry.step_key for entry in instance.all_logs(run_id, of_type=event)}
@@ -112,6 +118,16 @@ def _check_dagster_runs(home: Path) -> None:
     for run in killed:
         failure = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
         assert "is gone: killed or crashed" in failure[0].dagster_event.message
+
+
+def _check_mlflow_runs(home: Path) -> None:
+    """The MLflow runs the killed processes left RUNNING were ended (KILLED) by the resumes."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"], "MLflow runs left RUNNING"
+    assert any(r.info.status == "KILLED" for r in runs), "no killed MLflow run was marked KILLED"
 
 
 def _check_artifacts(home: Path) -> None:

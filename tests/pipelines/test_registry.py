@@ -58,7 +58,8 @@ def champion(tracker) -> str:
     return str(tracker.version_by_alias("champion").version)
 
 
-def test_promote_refuse_force_and_roll_back(registry, capsys):
+def test_promote_refuse_force_and_roll_back(registry, capsys, monkeypatch):
+    monkeypatch.delenv("MAKELEVEL", raising=False)  # `make test` runs pytest under make
     assert main(["promote", "1"]) == 0 and champion(registry) == "1"  # no champion yet: the gate passes
     assert main(["promote", "2"]) == 0 and champion(registry) == "2"
     assert "promoted v2" in capsys.readouterr().out
@@ -68,6 +69,11 @@ def test_promote_refuse_force_and_roll_back(registry, capsys):
     err = capsys.readouterr().err
     assert "refused: v3 vs champion v2" in err and "-0.050" in err and "promotion_margin" in err and "--force" in err
     assert champion(registry) == "2"
+    # under make (issue 28) the way to force is the make variable, not the flag
+    monkeypatch.setenv("MAKELEVEL", "1")
+    assert main(["promote", "3"]) == 1
+    assert "To promote anyway: make promote VERSION=3 FORCE=1." in capsys.readouterr().err
+    monkeypatch.delenv("MAKELEVEL")
     # v4 scores best but its round was blocked: refused too, whatever its score
     assert main(["promote", "4"]) == 1
     assert "blocked (entropy collapse)" in capsys.readouterr().err and champion(registry) == "2"
