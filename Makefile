@@ -73,7 +73,10 @@ serve: setup
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$$FLYWHEEL_HOME/mlflow.db" --host $(UI_HOST) --port 5000
 
-# Deletes the home (never an empty FLYWHEEL_HOME, which would name the current directory).
+# Deletes the home: never an empty FLYWHEEL_HOME (the current directory), never one a run holds.
 clean:
 	@test -n "$$FLYWHEEL_HOME" || { echo "FLYWHEEL_HOME is set but empty: nothing deleted"; exit 2; }
+	@if [ -e "$$FLYWHEEL_HOME/flywheel.lock" ] && ! flock -n "$$FLYWHEEL_HOME/flywheel.lock" true; then \
+		echo "FLYWHEEL_HOME $$FLYWHEEL_HOME is held by a make run or resume ($$(cat "$$FLYWHEEL_HOME/flywheel.lock")): nothing deleted"; \
+		exit 3; fi
 	rm -rf "$$FLYWHEEL_HOME"

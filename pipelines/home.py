@@ -1,10 +1,11 @@
 """A flywheel home (FLYWHEEL_HOME): what it is, who may work on it at once, and where it lives.
 
-A home is **one flywheel lineage**: one profile with one seed, task data, model and benchmark.
-Its registered versions are all benchmarked on the same held-out tasks, so the promotion gate
-can compare any two of them; a run that would benchmark on other tasks (another seed, other
-data, another model or benchmark) belongs in another home and is refused here, naming what
-differs. What a user tunes between runs (RL, SFT, reward, rollout settings) may change.
+A home is **one flywheel lineage**: one profile with one seed, task data and model. Its
+registered versions are all benchmarked on the same held-out tasks, so the promotion gate can
+compare any two of them; a run that would benchmark on other tasks or continue another model
+(another seed, other data, another model) belongs in another home and is refused here, naming
+what differs. What a user tunes between runs (RL, SFT, reward, rollout, benchmark scoring) may
+change.
 
 `flywheel.json` remembers the lineage and the settings of the last `make run`; every command
 that reads the home (`make models/promote/rollback/audit/serve`, `make resume`) uses them unless
@@ -37,9 +38,11 @@ from configs import FlywheelConfig, flywheel_home, load_profile
 
 HOME_FILE = "flywheel.json"
 LOCK_FILE = "flywheel.lock"
-# What every run of one home must share: these decide the tasks, the benchmark and the model, so
-# the gate's paired comparison of two versions is over the same tasks with the same tokenizer.
-LINEAGE_SECTIONS = ("seed", "data", "model", "benchmark")
+# What every run of one home must share: the seed and data decide the training and benchmark tasks,
+# the model what a round continues from, so the gate's paired comparison of two versions is over
+# the same tasks. How the benchmark scores and gates (`benchmark.*`: temperature, margin, k) may
+# change; the gate itself refuses versions scored with different `gate_k`.
+LINEAGE_SECTIONS = ("seed", "data", "model")
 
 
 class HomeError(RuntimeError):
@@ -104,7 +107,8 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 def lineage_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`field: old -> new` for each lineage field that differs."""
     a, b = _flat(old), _flat(new)
-    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
+    keys = sorted(set(a) | set(b), key=lambda k: (k not in ("profile", "seed"), k))  # the profile and seed first
+    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in keys if a.get(key) != b.get(key)]
 
 
 def check_lineage(home: Path, cfg: FlywheelConfig) -> None:
@@ -117,13 +121,17 @@ def check_lineage(home: Path, cfg: FlywheelConfig) -> None:
         listed = "\n".join(f"  {d}" for d in differences[:12]) + (
             f"\n  … and {len(differences) - 12} more" if len(differences) > 12 else ""
         )
+        bound = record["lineage"]
+        example = (
+            f"FLYWHEEL_HOME={home}-seed{cfg.seed} make run PROFILE={cfg.profile} SEED={cfg.seed}"
+            if bound.get("seed") != cfg.seed
+            else f"FLYWHEEL_HOME={home}-2 make run …  (the same arguments)"
+        )
         raise HomeError(
-            f"FLYWHEEL_HOME {home} holds a flywheel of profile {record['profile']!r} (seed {record['lineage'].get('seed')}); "
-            f"this run differs in what all runs of a home share (its tasks, benchmark and model):\n{listed}\n"
+            f"FLYWHEEL_HOME {home} holds a flywheel of profile {bound['profile']!r} (seed {bound.get('seed')}); "
+            f"this run differs in what all runs of a home share (its tasks and model):\n{listed}\n"
             "A home is one lineage: its versions are gated against each other on the same benchmark tasks. "
-            "Run this one in its own home, e.g.\n"
-            f"  FLYWHEEL_HOME={home}-seed{cfg.seed} make run PROFILE={cfg.profile} SEED={cfg.seed}\n"
-            "or delete this one first (make clean)."
+            f"Run this one in its own home, e.g.\n  {example}\nor delete this one first (make clean)."
         )
 
 

@@ -15,17 +15,9 @@ import pytest
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
-# three round steps with a state checkpoint after each, SFT state every 5 of its 20 steps
-SETTINGS = [
-    "--profile",
-    "micro",
-    "--set",
-    "rl.steps_per_round=3",
-    "--set",
-    "rl.checkpoint_every=1",
-    "--set",
-    "sft.checkpoint_every=5",
-]
+# the micro profile: two round steps with a state checkpoint after each, SFT state every 5 of its 20
+# steps; the uninterrupted flywheel to compare with is the session's `micro_flywheel`
+SETTINGS = ["--profile", "micro"]
 # each resume first finishes the stage the previous process died in, then dies in the next one
 KILLS = [
     # issue 28: a run killed between Dagster storing it and starting it stays NOT_STARTED; the next
@@ -51,12 +43,10 @@ def _weights(home: Path, checkpoint: str) -> dict:
 
 
 @pytest.mark.slow
-def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tmp_path):
+def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tmp_path, micro_flywheel):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (scripts/setup.sh installs it)")
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = _flywheel(straight, *SETTINGS)
-    assert done.returncode == 0, done.stderr[-3000:]
+    (straight, straight_outcome), killed = micro_flywheel, tmp_path / "killed"
 
     first = _flywheel(killed, *SETTINGS, failpoint="sft.step@7")  # SFT dies at step 7 of 20, after its step-5 state
     assert first.returncode == -9, first.stderr[-3000:]
@@ -78,10 +68,7 @@ def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tm
         a, b = _weights(straight, checkpoint), _weights(killed, checkpoint)
         assert a.keys() == b.keys()
         assert all(a[k].equal(b[k]) for k in a), f"{checkpoint} weights differ after the kills"
-    outcome = {
-        name: json.loads((home / "last_run.json").read_text())
-        for name, home in (("straight", straight), ("killed", killed))
-    }
+    outcome = {"straight": straight_outcome, "killed": json.loads((killed / "last_run.json").read_text())}
     for key in ("pass_at_1", "greedy_pass_at_1", "promoted"):
         assert outcome["killed"]["rounds"][0][key] == outcome["straight"]["rounds"][0][key], key
         assert outcome["killed"]["sft"][key] == outcome["straight"]["sft"][key], key

@@ -173,6 +173,7 @@ def operated_home(tmp_path_factory):
         )
         holder = _holder(home)
         second = make(home, "run", "PROFILE=micro", timeout=300)
+        clean = make(home, "clean", timeout=60)
         first_rc = first.wait(timeout=900)
     other_seed = make(home, "run", "PROFILE=micro", "SEED=1", timeout=300)
     return {
@@ -180,6 +181,7 @@ def operated_home(tmp_path_factory):
         "holder": holder,
         "first": (first_rc, out.read_text()),
         "second": second,
+        "clean": clean,
         "other_seed": other_seed,
     }
 
@@ -200,6 +202,8 @@ def test_a_second_make_run_on_a_busy_home_is_refused_naming_the_holder_and_its_p
     assert f"FLYWHEEL_HOME {home} is held by another process (pid {holder['pid']} on" in second.stderr, second.stderr
     assert "One `make run` or `make resume` at a time works on a home" in second.stderr
     assert holder["command"] == "make run"
+    clean = operated_home["clean"]  # `make clean` under the running flywheel deletes nothing
+    assert clean.returncode != 0 and "is held by a make run or resume" in clean.stdout, clean.stdout + clean.stderr
     # the home holds one run's work: every Dagster run is the first's, and so is every registered version
     runs = _dagster_runs(home)
     assert runs and {r.tags["flywheel/pid"] for r in runs} == {str(holder["pid"])}
@@ -406,3 +410,25 @@ def test_the_summary_names_rounds_by_partition_and_labels_the_last_rounds_and_th
     text = report(resumed)
     assert "RL round 2" in [line.split("  ")[0] for line in text.splitlines()]
     assert "RL round 1 " not in text and "champion (" not in text
+
+
+def test_what_a_lineage_binds_and_when(tmp_path):
+    """Tuning (RL, benchmark scoring) may change between runs of a home; tasks and model may not,
+    and a home binds only once its first foundation succeeded."""
+    from configs import load_profile
+    from pipelines.home import HomeError, check_lineage, remember
+
+    micro = load_profile("micro")
+    remember(tmp_path, "micro", {}, micro)  # a first run starting: not bound yet
+    check_lineage(tmp_path, load_profile("micro", {"data.seed": 5}))
+    remember(tmp_path, "micro", {}, micro, bind=True)  # its foundation succeeded
+    check_lineage(tmp_path, load_profile("micro", {"rl.steps_per_round": 9, "benchmark.promotion_margin": 0.2}))
+    for override, field in (
+        ({"data.families.arithmetic.train_tasks": 7}, "data.families.arithmetic.train_tasks: 200 -> 7"),
+        ({"model.hidden_size": 32}, "model.hidden_size: 64 -> 32"),
+    ):
+        with pytest.raises(HomeError, match=f"differs in what all runs of a home share.*\n  {field}\n") as refused:
+            check_lineage(tmp_path, load_profile("micro", override))
+        assert f"FLYWHEEL_HOME={tmp_path}-2 make run" in str(refused.value)
+    with pytest.raises(HomeError, match="holds a flywheel of profile 'micro' .*\n  profile: 'micro' -> 'tiny'"):
+        check_lineage(tmp_path, load_profile("tiny"))
