@@ -210,6 +210,34 @@ def _materialized(home: Path, key: str, partition: str | None = None) -> bool:
     return bool(records)
 
 
+def _rl_partitions(home: Path) -> list[str]:
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(home / "dagster")) as instance:
+        return instance.get_dynamic_partitions("rl_round")
+
+
+def _add_partition_in_dialog(page, home: Path, name: str, attempts: int = 2) -> None:
+    """The launch dialog's "Add a partition": type the name, Save. On a loaded 2-core machine a
+    Save clicked while the dialog is still settling can be lost (CI saw the dialog come back with
+    0 partitions), so the test waits for the partition to reach the instance and, if it never
+    does, adds it again in the same dialog; a UI that cannot add it at all still fails."""
+    for attempt in range(attempts):
+        page.get_by_text("Add a partition").click()
+        field = page.get_by_placeholder("name")
+        field.fill(name)
+        page.get_by_role("button", name="Save").click()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if name in _rl_partitions(home):
+                return
+            time.sleep(2)
+        page.screenshot(path=str(SHOTS / f"dagster-add-partition-attempt-{attempt}.png"))
+        if field.is_visible():  # the add dialog is still open: close it before trying again
+            page.keyboard.press("Escape")
+    raise AssertionError(f"partition {name!r} never reached the instance after {attempts} saves in the dialog")
+
+
 def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tmp_path, browser):
     """What a user does first: the foundation job's "Materialize all" in the UI launches a run
     that materializes data, tokenizer, model, SFT and its benchmark. Then the next round: the RL
@@ -256,9 +284,7 @@ def test_the_flywheel_and_its_next_round_are_materialized_from_the_dagster_ui(tm
             f"http://127.0.0.1:{port}/locations/pipelines.definitions/jobs/rl_round_job", wait_until="networkidle"
         )
         page.get_by_role("button", name="Materialize all").first.click()
-        page.get_by_text("Add a partition").click()
-        page.get_by_placeholder("name").fill("1")
-        page.get_by_role("button", name="Save").click()
+        _add_partition_in_dialog(page, home, "1")
         launch = page.get_by_role("button", name="Launch 1 run")
         try:
             # the new partition is added, then selected (slow on a loaded 2-core CI machine)
