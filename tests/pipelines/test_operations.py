@@ -279,7 +279,9 @@ def test_a_moved_home_works_with_the_original_deleted(operated_home, tmp_path):
     assert promoted.returncode == 0 and "promoted v2 to champion" in promoted.stdout, promoted.stderr
     audited = make(moved, "audit", "ROUND=1")
     assert audited.returncode == 0, audited.stderr[-3000:]
-    assert "audit of round 1:" in audited.stdout + audited.stderr
+    # with the home's profile (micro, not make's old default tiny); its result line not buried in DEBUG lines
+    assert "audit of round 1 (micro): " in audited.stdout and "outcomes scored differently" in audited.stdout
+    assert "DEBUG" not in audited.stdout + audited.stderr and len(audited.stdout.splitlines()) < 12, audited.stdout
     loaded = subprocess.run(
         [sys.executable, "-m", "pipelines.registry", "load", "--out", str(tmp_path / "out")],
         cwd=REPO,
