@@ -137,7 +137,9 @@ def test_a_micro_flywheel_champion_loads_and_answers_in_a_fresh_process(micro_fl
     # the conventions of an MLflow 3 model: signature, input example, pinned requirements, linked metrics
     # the store named, not the process's current tracking URI (an earlier test may have set another home's)
     folder = Path(
-        mlflow.artifacts.download_artifacts(artifact_uri=champion.source, dst_path=str(tmp_path / "m"), tracking_uri=uri)
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=champion.source, dst_path=str(tmp_path / "m"), tracking_uri=uri
+        )
     )
     mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
     assert mlmodel["signature"]["inputs"] and mlmodel["signature"]["outputs"]
