@@ -58,6 +58,7 @@ def champion(tracker) -> str:
     return str(tracker.version_by_alias("champion").version)
 
 
+@pytest.mark.operations  # issue 28: under make, the refusal names FORCE=1
 def test_promote_refuse_force_and_roll_back(registry, capsys, monkeypatch):
     monkeypatch.delenv("MAKELEVEL", raising=False)  # `make test` runs pytest under make
     assert main(["promote", "1"]) == 0 and champion(registry) == "1"  # no champion yet: the gate passes
