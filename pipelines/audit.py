@@ -86,4 +86,7 @@ def audit(home, profile: str, overrides: dict, round_key: str, extra: dict) -> i
 
 
 if __name__ == "__main__":
+    from pipelines.console import relay_ctrl_c
+
+    relay_ctrl_c()
     sys.exit(main())

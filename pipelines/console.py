@@ -11,8 +11,11 @@ config. Runs launched elsewhere (the UI, a schedule) keep Dagster's default cons
 
 from __future__ import annotations
 
+import _thread
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from dagster import DagsterEventType, Field, logger
@@ -83,3 +86,21 @@ def flywheel_console(init_context) -> logging.Logger:
     out.addHandler(console)
     out.addHandler(full)
     return out
+
+
+def relay_ctrl_c() -> None:
+    """Take Ctrl-C in this process only. A terminal sends SIGINT to its whole foreground process
+    group, so the helpers Dagster starts to mirror a step's output (`tail -F` and its
+    `watch_orphans.py` watcher) would each die printing a KeyboardInterrupt traceback over the
+    summary. SIGINT is blocked here, a mask every child inherits, and a thread takes it with
+    `sigwait` and raises it in the main thread as if it had arrived there (Dagster's own interrupt
+    handling then ends the run). For the command-line entry points only: call it first, before
+    any other thread starts."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def relay() -> None:
+        while True:
+            signal.sigwait({signal.SIGINT})
+            _thread.interrupt_main(signal.SIGINT)
+
+    threading.Thread(target=relay, name="ctrl-c", daemon=True).start()

@@ -588,4 +588,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from pipelines.console import relay_ctrl_c
+
+    relay_ctrl_c()
     sys.exit(main())
