@@ -135,12 +135,14 @@ def test_a_micro_flywheel_champion_loads_and_answers_in_a_fresh_process(micro_fl
     assert champion.source == f"models:/{extra['model_id']}"  # the version is the logged model that answered
     assert f"version {champion.version} " in outcome["champion"]
     # the conventions of an MLflow 3 model: signature, input example, pinned requirements, linked metrics
-    # the store named, not the process's current tracking URI (an earlier test may have set another home's)
-    folder = Path(
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=champion.source, dst_path=str(tmp_path / "m"), tracking_uri=uri
-        )
-    )
+    # this home's store: `models:/<id>` resolves through the process's tracking URI, which the last
+    # in-process flywheel of the session (another test's home) may have set
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=champion.source, dst_path=str(tmp_path / "m")))
+    finally:
+        mlflow.set_tracking_uri(before)
     mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
     assert mlmodel["signature"]["inputs"] and mlmodel["signature"]["outputs"]
     assert (folder / "input_example.json").exists()
