@@ -5,6 +5,7 @@ job's rank that dies fails the step naming the rank and its last lines."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -152,8 +153,9 @@ def test_a_failed_rank_is_named_with_its_last_lines(tmp_path):
 
 
 def test_a_launched_job_whose_rank_dies_fails_naming_that_rank(tmp_path):
-    """Through the real launcher: a 2-rank torchrun job whose rank 1 raises. The step's error
-    names rank 1 and shows its last lines (here, the job refusing a context it cannot read)."""
+    """Through the real launcher: a 2-rank torchrun job whose ranks raise. The step's error names
+    the ranks that failed and shows their last lines (here, the job refusing a context it cannot
+    read)."""
     from dagster import asset, materialize
 
     from assets.launcher import RankFailed
@@ -176,7 +178,9 @@ def test_a_launched_job_whose_rank_dies_fails_naming_that_rank(tmp_path):
     with pytest.raises(RankFailed) as info:
         materialize([launched], raise_on_error=True)
     message = str(info.value)
-    assert "job 'benchmark': rank 0, 1 failed" in message  # both ranks raised (each wrote its error file)
+    # Both ranks raise, but torchrun stops the survivor once one fails: whichever got to write its
+    # error file first is named, so the message names rank 0, rank 1 or both (a race, not a choice).
+    assert re.search(r"job 'benchmark': rank (0, 1|0|1) failed", message), message
     assert "no stored benchmark_tasks" in message
 
 
