@@ -29,7 +29,7 @@ from configs import load_profile, parse_override  # noqa: E402
 def foundation(profile: str, overrides: dict, home: Path):
     """Materialize data, tokenizer and SFT once (reused if this home already has them)."""
     os.environ["FLYWHEEL_HOME"] = str(home)
-    from pipelines.run import CONSOLE, failure_message, prepare_home
+    from pipelines.run import console, failure_message, prepare_home
 
     prepare_home(home)
     from dagster import AssetKey, DagsterInstance
@@ -40,13 +40,38 @@ def foundation(profile: str, overrides: dict, home: Path):
     instance = DagsterInstance.get()
     if instance.get_latest_materialization_event(AssetKey("sft_checkpoint")) is None:
         print(f"[compare] materializing the foundation in {home}", flush=True)
+        log_file = home / "logs" / "foundation.log"
         result = defs.resolve_job_def(FOUNDATION_JOB).execute_in_process(
-            instance=instance, run_config=CONSOLE, raise_on_error=False
+            instance=instance, run_config=console(log_file), raise_on_error=False
         )
         if not result.success:
-            raise SystemExit(failure_message(result, FOUNDATION_JOB))
+            raise SystemExit(failure_message(result, FOUNDATION_JOB, log_file))
     load = lambda name: defs.load_asset_value(name, instance=instance)  # noqa: E731
     return load("training_tasks"), load("benchmark_tasks"), load("knowledge_base"), load("sft_checkpoint")
+
+
+def evaluator(cfg, tok, bench: list[dict], tools, cascade):
+    """model -> {task_id: score} on the held-out tasks, sampled as the benchmark asset samples."""
+    from training.agent.engines import HFEngine
+    from training.evaluate import evaluate_policy
+
+    def evaluate(model) -> dict[str, float]:
+        rows = evaluate_policy(
+            HFEngine(model),
+            tok,
+            bench,
+            tools,
+            cfg.rollout,
+            cascade,
+            samples_per_task=cfg.benchmark.samples_per_task,
+            greedy=False,
+            temperature=cfg.benchmark.temperature,
+            seed=cfg.seed,
+            batch_size=cfg.benchmark.batch_size,
+        )
+        return {r["task_id"]: r["score"] for r in rows}
+
+    return evaluate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from assets.resources import SandboxResource
     from environments.families import build_tools
     from environments.search import kb_from_rows
-    from training.agent.engines import HFEngine
-    from training.evaluate import evaluate_policy, mean_ci, paired_difference
+    from training.evaluate import mean_ci, paired_difference
     from training.model import load_policy, load_tokenizer
     from training.rl.algorithms import resolve_algorithm
     from training.rl.collapse import detect_collapse
@@ -87,21 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
     cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
 
-    def evaluate(model) -> dict[str, float]:
-        rows = evaluate_policy(
-            HFEngine(model),
-            tok,
-            bench,
-            tools,
-            cfg.rollout,
-            cascade,
-            samples_per_task=cfg.benchmark.samples_per_task,
-            greedy=False,
-            temperature=cfg.benchmark.temperature,
-            seed=cfg.seed,
-            batch_size=cfg.benchmark.batch_size,
-        )
-        return {r["task_id"]: r["score"] for r in rows}
+    evaluate = evaluator(cfg, tok, bench, tools, cascade)
 
     print(f"[compare] SFT checkpoint {sft_path}: evaluating on {len(bench)} held-out tasks", flush=True)
     sft_scores = evaluate(load_policy(sft_path, cfg.model.dtype))

@@ -220,6 +220,24 @@ class EngineConfig(_Strict):
     )
 
 
+class GraduationConfig(_Strict):
+    """The SFT graduation exam (training/graduation.py): a blocking check on `sft_checkpoint`."""
+
+    enabled: bool = Field(True, description="False: RL starts from any SFT checkpoint.")
+    tasks_per_family: int = Field(16, ge=1, description="Training tasks per family in the exam.")
+    samples_per_task: int = Field(2, ge=1, description="Samples per task, at rollout.temperature (as RL samples).")
+    min_format_rate: float = Field(0.5, ge=0, le=1, description="Share of well-formed episodes.")
+    min_tool_call_valid_rate: float = Field(
+        0.5, ge=0, le=1, description="Share of tool calls whose arguments parse (code compiles, query not empty)."
+    )
+    min_family_success: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Mean outcome on every family; zero always fails (RL needs a success to learn from).",
+    )
+
+
 class SFTConfig(_Strict):
     steps: int = Field(1200, ge=1)
     batch_size: int = Field(64, ge=1)
@@ -231,6 +249,7 @@ class SFTConfig(_Strict):
     checkpoint_every: int = Field(
         100, ge=1, description="Steps between resumable state checkpoints (a killed SFT step resumes from the last)."
     )
+    graduation: GraduationConfig = GraduationConfig()
 
 
 class VLLMConfig(_Strict):
@@ -506,6 +525,36 @@ def _default_terms() -> dict[str, ShapingTerm]:
     }
 
 
+class ProcessConfig(_Strict):
+    """Process signals from tool results (training/rl/process.py): a penalty on the turn whose
+    call failed, as one more capped shaping term or as turn-level credit in the advantage."""
+
+    enabled: bool = False
+    penalties: dict[Literal["error", "timeout", "empty_search"], float] = Field(
+        default_factory=lambda: {"error": 0.05, "timeout": 0.05, "empty_search": 0.05},
+        description="Per turn, by what its call returned: a traceback or compile error, a timeout, no search results.",
+    )
+    cap: float = Field(
+        0.15, ge=0, description="Bound on the trajectory's total (and on a turn's return); counts in the shaping caps."
+    )
+    credit: Literal["trajectory", "turn"] = Field(
+        "turn",
+        description="trajectory: the total is a reward component (reward_process); turn: each turn gets a "
+        "turn-level advantage from the discounted signals from it on.",
+    )
+    gamma: float = Field(0.9, ge=0, le=1, description="turn credit: discount of later turns' signals.")
+    turn_weight: float = Field(
+        0.5, gt=0, le=1, description="turn credit: weight of the turn-level advantage (<= the outcome's 1)."
+    )
+
+    @model_validator(mode="after")
+    def _penalties_non_negative(self) -> "ProcessConfig":
+        bad = {kind: value for kind, value in self.penalties.items() if value < 0}
+        if bad:
+            raise ValueError(f"penalties are sizes of a penalty, >= 0 (a bonus per call would pay for calls): {bad}")
+        return self
+
+
 class RewardConfig(_Strict):
     """reward = outcome_weight * outcome + sum of capped shaping terms (docs/verifiers.md).
     Outcome dominates: the caps of all shaping terms together stay below outcome_weight."""
@@ -524,13 +573,16 @@ class RewardConfig(_Strict):
     )
     strict: StrictTierConfig = StrictTierConfig()
     max_answer_chars: int = Field(512, ge=1, description="Fast tier: a longer final answer is rejected unread.")
+    process: ProcessConfig = ProcessConfig()
 
     @model_validator(mode="after")
     def _outcome_dominant(self) -> "RewardConfig":
-        shaping = sum(t.cap for t in self.terms.values())
+        shaping = sum(t.cap for t in self.terms.values()) + (self.process.cap if self.process.enabled else 0.0)
         if shaping >= self.outcome_weight:
             raise ValueError(
-                f"shaping caps sum to {shaping:g}; they must stay below outcome_weight={self.outcome_weight:g}"
+                f"shaping caps sum to {shaping:g}"
+                + (f" (process.cap {self.process.cap:g} included)" if self.process.enabled else "")
+                + f"; they must stay below outcome_weight={self.outcome_weight:g}"
             )
         return self
 

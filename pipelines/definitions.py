@@ -11,7 +11,7 @@ import os
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
-from assets import audit, benchmark, data, rl, sft
+from assets import audit, benchmark, data, graduation, rl, sft
 from configs import flywheel_home, load_profile
 from environments.family import resolve_families
 from pipelines.automation import build_automation
@@ -91,6 +91,7 @@ def build_definitions(profile: str | None = None, overrides: dict | None = None)
             data.benchmark_tasks_contract,
             data.training_disjoint_from_benchmark,
             sft.sft_trajectories_contract,
+            graduation.sft_graduation,
             rl.rollout_batches_contract,
             rl.task_pool_contract,
             rl.rl_round_health,

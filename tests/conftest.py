@@ -64,6 +64,25 @@ def warm_policy(micro_cfg, sandbox):
 
 
 @pytest.fixture(scope="session")
+def capable_cfg(micro_cfg):
+    """The micro profile with tiny's model shape (~0.5M parameters): the smallest model here that
+    learns to solve some of every family at the rollout temperature."""
+    from configs import load_profile
+
+    shape = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4}
+    return load_profile("micro", {f"model.{k}": v for k, v in {**shape, "num_key_value_heads": 4}.items()})
+
+
+@pytest.fixture(scope="session")
+def capable_policy(capable_cfg, sandbox):
+    """`capable_cfg`'s model after 600 SFT steps (~1 min): it solves some of every family's
+    tasks when sampled, so it passes the SFT graduation exam and RL has groups to learn from."""
+    from benchmarks.warm_start import warm_started_policy
+
+    return warm_started_policy(capable_cfg, sandbox, sft_steps=600)
+
+
+@pytest.fixture(scope="session")
 def split_policy(micro_cfg, sandbox):
     """The micro model trained the same way on a tokenizer shaped like a real instruct model's
     (ChatML template, a system prompt, `</code>` as three tokens): the text-tag protocol's path."""

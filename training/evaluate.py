@@ -16,6 +16,7 @@ from configs.schema import RolloutConfig
 from environments.tools import Tool
 from training.agent.engines import RolloutEngine
 from training.agent.loop import run_episodes
+from training.graduation import count_calls
 from training.rl.scoring import Verifying, episode_record
 from verifiers.cascade import Cascade
 
@@ -66,6 +67,7 @@ def evaluate_policy(
             by_task.setdefault(record["task_id"], []).append((record, score))
         for task in chunk:
             pairs = by_task[task["task_id"]]
+            counted = [count_calls(r["tool_calls"]) for r, _ in pairs]
             rows.append(
                 {
                     "task_id": task["task_id"],
@@ -77,6 +79,10 @@ def evaluate_policy(
                     "solved": sum((s["outcome"] or 0.0) >= 1.0 for _, s in pairs),
                     "tool_call_rate": sum(r["num_tool_calls"] > 0 for r, _ in pairs) / len(pairs),
                     "turns": sum(r["turns"] for r, _ in pairs) / len(pairs),
+                    # what the SFT graduation exam grades (training/graduation.py)
+                    "well_formed": sum(s["well_formed"] for _, s in pairs) / len(pairs),
+                    "tool_calls": sum(calls for calls, _ in counted),
+                    "tool_calls_valid": sum(valid for _, valid in counted),
                 }
             )
     return rows

@@ -11,6 +11,7 @@ last state checkpoint and ends bitwise where an uninterrupted round ends (tests/
 from __future__ import annotations
 
 import copy
+import json
 import random
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from configs.failpoints import failpoint
-from configs.schema import EngineConfig, RLConfig, RolloutConfig
+from configs.schema import EngineConfig, ProcessConfig, RLConfig, RolloutConfig
 from environments.tools import Tool
 from training.agent.engines import build_rollout_engine
 from training.agent.loop import run_episodes
@@ -52,6 +53,7 @@ from training.rl.math import (
     tis_weights,
     value_loss,
 )
+from training.rl.process import on_turn_tokens, signal_kind, turn_advantages, turn_returns, turn_signals
 from training.rl.scoring import Verifying, episode_record
 from training.sequences import collate, completion_logprobs, to_device
 from training.state import fingerprint, load_state, save_state
@@ -148,6 +150,11 @@ def rollout_metrics(records: list[dict], scores: list[dict]) -> dict[str, float]
         for k in scores[0]
         if k.startswith("reward_")
     }
+    calls = [c for r in records for c in json.loads(r["tool_calls"] or "[]")]
+    if calls:  # a traceback, a timeout, an empty search: what the process signals penalize
+        components["rollout/tool_error_rate"] = sum(signal_kind(c.get("error")) is not None for c in calls) / len(calls)
+    if "process_total" in scores[0]:  # process signals credited per turn: not a reward component
+        components["reward/process/turn_credited"] = sum(s["process_total"] for s in scores) / n
     group_ids = [r["group_id"] for r in records]
     spread = informative_groups(rewards.tolist(), group_ids)
     groups_with_spread = {g for g, keep in zip(group_ids, spread.tolist()) if keep}
@@ -303,6 +310,7 @@ def prepare_samples(
     micro_batch_tokens: int | None = None,
     chunk_tokens: int | None = None,
     dp: DataParallel = DataParallel(),
+    process: ProcessConfig | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
@@ -341,6 +349,8 @@ def prepare_samples(
         metrics["actor/kl_ref"] = _policy_token_mean(batch.kl, batch.tool_mask)
     in_reward = algo.kl_coef if (batch.kl is not None and algo.kl_placement == "reward") else 0.0
     batch = _with_advantages(batch, algo, in_reward, critic, pad_id, micro_batch_tokens, dp, metrics)
+    if process is not None and process.enabled and process.credit == "turn":
+        batch = _with_turn_credit(batch, process, metrics)
     if algo.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
         weights = tis_weights(batch.old_logprobs, batch.behaviour_logprobs, batch.tool_mask, algo.tis_cap)
         metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, batch.tool_mask))
@@ -398,6 +408,19 @@ def _with_advantages(
         torch.tensor(rewards, dtype=torch.float32), batch.group_index
     )
     return batch.with_(advantages=_on_tokens(sequence, batch))
+
+
+def _with_turn_credit(batch: RolloutBatch, process: ProcessConfig, metrics: dict[str, float]) -> RolloutBatch:
+    """Adds the turn-level advantage of the process signals to each policy turn's tokens
+    (training/rl/process.py has the estimator)."""
+    returns = [
+        turn_returns(turn_signals(json.loads(r["tool_calls"]), process.penalties), process.gamma, process.cap)
+        for r in batch.records
+    ]
+    per_turn = turn_advantages(returns, batch.group_ids)
+    added = padded([on_turn_tokens(turns, r["tool_mask"]) for turns, r in zip(per_turn, batch.records)], batch.width)
+    metrics["actor/turn_advantage_abs_mean"] = float(masked_mean(added.abs(), batch.tool_mask))
+    return batch.with_(advantages=batch.advantages + process.turn_weight * added)
 
 
 def _on_tokens(sequence: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
@@ -803,6 +826,7 @@ def train_round(
                     micro_batch_tokens=engine_cfg.micro_batch_tokens,
                     chunk_tokens=engine_cfg.logit_chunk_tokens,
                     dp=dp,
+                    process=cascade.cfg.process,
                 )
                 if train_records
                 else ([], {})

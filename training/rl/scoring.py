@@ -10,6 +10,7 @@ from typing import Callable
 from environments.base import task_view
 from environments.family import tools_of
 from training.agent.loop import Episode
+from training.rl.process import process_total, turn_signals
 from training.sequences import policy_spans
 from verifiers.cascade import Cascade, TierStats, tier_metrics
 from verifiers.protocol import is_well_formed
@@ -53,8 +54,16 @@ def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, 
     """Rows of `verified_rewards`: the total, each component, the deciding tier and why."""
     items = [(candidate_of(r, tokenizer), task_view(tasks_by_id[r["task_id"]])) for r in records]
     breakdowns = cascade.score_many(items, keys=[r["trajectory_id"] for r in records])
+    process = cascade.cfg.process
     rows = []
     for record, (candidate, _), b in zip(records, items, breakdowns):
+        extra, reward = {}, b.reward
+        if process.enabled:  # tool results as per-turn signals (training/rl/process.py)
+            total = process_total(turn_signals(json.loads(record["tool_calls"]), process.penalties), process.cap)
+            if process.credit == "trajectory":  # one more component of the reward
+                extra, reward = {"reward_process": total}, b.reward + total
+            else:  # credited per turn in the advantage (training/rl/loop.py); reported, not in the reward
+                extra = {"process_total": total}
         rows.append(
             {
                 "trajectory_id": record["trajectory_id"],
@@ -64,9 +73,10 @@ def score_records(records: list[dict], tasks_by_id: dict[str, dict], tokenizer, 
                 "level": int(record["level"]),
                 "round": int(record["round"]),
                 "step": int(record["step"]),
-                "reward": b.reward,
+                "reward": reward,
                 "outcome": b.outcome,
                 **{f"reward_{name}": value for name, value in b.components.items()},
+                **extra,
                 "well_formed": float(is_well_formed(candidate.policy_turns, candidate.tools)),
                 "num_tool_calls": int(record["num_tool_calls"]),
                 "policy_tokens": candidate.num_policy_tokens,

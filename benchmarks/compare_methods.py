@@ -1,0 +1,189 @@
+"""The methods around the loop (issue 29) against the plain loop: one SFT checkpoint, one RL round
+per method and seed from it, the same held-out benchmark; pass@1 with 95% CIs, the paired gain
+over the plain loop of the same seed, and wall time.
+
+    .venv/bin/python benchmarks/compare_methods.py --profile tiny --home /tmp/methods \
+        --methods plain,process_turn,process_trajectory --seeds 0,1
+
+A method is a named set of config overrides (METHODS below), applied on top of the profile and
+`--set`; everything else (the SFT checkpoint, the prompts, the evaluation seed, the benchmark's
+verifiers) is shared, so a difference comes from the method. The evaluation scores the outcome
+only, with the profile's own reward config, whatever the method trains on. Writes
+benchmarks/results/methods-<profile>.{json,md} and a reward/entropy plot per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.compare_algorithms import _mean, evaluator, foundation, plot  # noqa: E402
+from configs import load_profile, parse_override  # noqa: E402
+
+# method -> overrides; "plain" is the loop as the profile configures it
+METHODS: dict[str, dict] = {
+    "plain": {},
+    "process_turn": {"reward.process.enabled": True, "reward.process.credit": "turn"},
+    "process_trajectory": {"reward.process.enabled": True, "reward.process.credit": "trajectory"},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--home", type=Path, default=Path("/tmp/methods-compare"))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--seeds", default="0", help="RL seeds (the SFT checkpoint is shared)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--tag", default="", help="suffix of the result files")
+    args = parser.parse_args(argv)
+    overrides = dict(parse_override(o) for o in args.set)
+    cfg = load_profile(args.profile, overrides)
+    methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; known: {sorted(METHODS)}")
+    if "plain" not in methods:
+        methods = ["plain", *methods]  # every gain is paired against it
+
+    import torch
+
+    from assets.resources import SandboxResource
+    from environments.families import build_tools
+    from environments.search import kb_from_rows
+    from training.evaluate import mean_ci, paired_difference
+    from training.model import load_policy, load_tokenizer
+    from training.rl.algorithms import resolve_algorithm
+    from training.rl.loop import train_round
+    from verifiers.cascade import Cascade
+
+    torch.set_num_threads(cfg.threads)
+    training_tasks, benchmark_tasks, knowledge_base, sft = foundation(args.profile, overrides, args.home)
+    sft_path = Path(sft["uri"])
+    tasks, bench = training_tasks.to_dict("records"), benchmark_tasks.to_dict("records")
+    kb = kb_from_rows(knowledge_base.to_dict("records"))
+    tok = load_tokenizer(sft_path)
+    rows, curves, scores_of = [], {}, {}
+    with SandboxResource.from_config(cfg.sandbox).open() as box:
+        tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
+        judge = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)  # the same evaluation for every method
+
+        evaluate = evaluator(cfg, tok, bench, tools, judge)
+
+        print(f"[methods] SFT checkpoint {sft_path}: evaluating on {len(bench)} held-out tasks", flush=True)
+        sft_scores = evaluate(load_policy(sft_path, cfg.model.dtype))
+        mean, low, high = mean_ci(list(sft_scores.values()), cfg.benchmark.confidence)
+        rows.append({"method": "sft", "seed": None, "pass_at_1": mean, "ci": [low, high]})
+        for seed in seeds:
+            for name in methods:
+                mcfg = load_profile(args.profile, {**overrides, **METHODS[name]})
+                algo = resolve_algorithm(mcfg.rl)
+                policy = load_policy(sft_path, mcfg.model.dtype)
+                reference = (
+                    load_policy(sft_path, mcfg.model.dtype).requires_grad_(False).eval()
+                    if algo.needs_reference
+                    else None
+                )
+
+                def progress(
+                    step: int, m: dict[str, float], name=name, seed=seed, steps=mcfg.rl.steps_per_round
+                ) -> None:
+                    if step % 5 == 0 or step == steps:
+                        print(
+                            f"[methods] {name} seed {seed} step {step}/{steps}: reward={m['reward/total/mean']:.3f} "
+                            f"pass={m['reward/outcome/pass_rate']:.3f} entropy={m.get('actor/entropy', float('nan')):.3f}",
+                            flush=True,
+                        )
+
+                started = time.perf_counter()
+                result = train_round(
+                    policy,
+                    reference,
+                    tok,
+                    tasks,
+                    tools,
+                    rl=mcfg.rl,
+                    rollout=mcfg.rollout,
+                    cascade=Cascade(mcfg.reward, box, concurrency=mcfg.sandbox.pool_size),
+                    round_index=1,
+                    policy_version="sft",
+                    seed=seed * 1000 + 1,
+                    engine_cfg=mcfg.engine,
+                    on_step=progress,
+                )
+                minutes = (time.perf_counter() - started) / 60
+                scores = scores_of[(name, seed)] = evaluate(policy)
+                mean, low, high = mean_ci(list(scores.values()), cfg.benchmark.confidence)
+                row = {
+                    "method": name,
+                    "seed": seed,
+                    "pass_at_1": mean,
+                    "ci": [low, high],
+                    "gain_over_sft": list(paired_difference(scores, sft_scores, cfg.benchmark.confidence)),
+                    "rl_minutes": minutes,
+                    "seconds_per_step": 60 * minutes / max(1, len(result.history)),
+                    "final_entropy": result.history[-1].get("actor/entropy"),
+                    "mean_tool_error_rate": _mean(result.history, "rollout/tool_error_rate"),
+                }
+                if name != "plain":
+                    plain = scores_of[("plain", seed)]
+                    row["gain_over_plain"] = list(paired_difference(scores, plain, cfg.benchmark.confidence))
+                rows.append(row)
+                curves[f"{name}/{seed}"] = result.history
+                print(
+                    f"[methods] {name} seed {seed}: pass@1 {mean:.3f} [{low:.3f}, {high:.3f}]"
+                    + (
+                        f", vs plain {row['gain_over_plain'][0]:+.3f} [{row['gain_over_plain'][1]:+.3f}, {row['gain_over_plain'][2]:+.3f}]"
+                        if "gain_over_plain" in row
+                        else ""
+                    )
+                    + f" ({minutes:.1f} min)",
+                    flush=True,
+                )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"methods-{args.profile}{args.tag}"
+    meta = {
+        "profile": args.profile,
+        "overrides": overrides,
+        "methods": {m: METHODS[m] for m in methods},
+        "benchmark_tasks": len(bench),
+        "steps": cfg.rl.steps_per_round,
+        "command": " ".join(["benchmarks/compare_methods.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "histories": curves}, indent=1))
+    table = to_markdown(rows)
+    stem.with_suffix(".md").write_text(table + "\n")
+    plot(curves, stem.with_suffix(".png"))
+    print("\n" + table)
+    return 0
+
+
+def _ci(values: list[float] | None) -> str:
+    return f"**{values[0]:+.3f}** [{values[1]:+.3f}, {values[2]:+.3f}]" if values else "-"
+
+
+def to_markdown(rows: list[dict]) -> str:
+    lines = [
+        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        minutes = f"{r['rl_minutes']:.1f}" if "rl_minutes" in r else "-"
+        per_step = f"{r['seconds_per_step']:.1f}" if "seconds_per_step" in r else "-"
+        lines.append(
+            f"| {r['method']} | {r['seed'] if r['seed'] is not None else '-'} "
+            f"| {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {_ci(r.get('gain_over_plain'))} "
+            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
