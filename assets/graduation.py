@@ -77,7 +77,6 @@ def sft_graduation(
         return AssetCheckResult(passed=True, description="sft.graduation.enabled is false: not examined")
     report = sit_exam(cfg, storage, sandbox, sft_checkpoint, records(training_tasks), records(knowledge_base))
     (context.log.info if report.passed else context.log.error)(report.message())
-    names = [c.name for c in report.criteria]
     return AssetCheckResult(
         passed=report.passed,
         severity=AssetCheckSeverity.ERROR,
@@ -89,9 +88,10 @@ def sft_graduation(
             "criteria": MetadataValue.md(report.table()),
             "exam": markdown_image(
                 criteria_png(
-                    names,
+                    [c.name for c in report.criteria],
                     [c.measured for c in report.criteria],
                     [c.threshold for c in report.criteria],
+                    [c.passed for c in report.criteria],
                     "SFT graduation exam",
                 ),
                 "SFT graduation exam",

@@ -40,10 +40,12 @@ def bars_png(labels: list[str], values: list[float], lows: list[float], highs: l
     return _png(fig)
 
 
-def criteria_png(names: list[str], measured: list[float], thresholds: list[float], title: str) -> bytes:
+def criteria_png(
+    names: list[str], measured: list[float], thresholds: list[float], passed: list[bool], title: str
+) -> bytes:
     """A bar per criterion (green: passed) with its threshold marked."""
     fig, ax = plt.subplots(figsize=(max(3.0, 0.9 * len(names) + 1.5), 2.8))
-    colors = ["#4caf50" if m >= t and m > 0 else "#e53935" for m, t in zip(measured, thresholds)]
+    colors = ["#4caf50" if ok else "#e53935" for ok in passed]
     ax.bar(names, measured, color=colors)
     ax.scatter(names, thresholds, marker="_", s=600, color="black", label="threshold", zorder=3)
     ax.set_ylim(0, 1)

@@ -7,9 +7,9 @@ make more of them).
 
     signal_k  = -penalties[kind of the result of turn k's call]   (0 for a clean call, the answer turn
                                                                    and a sandbox failure: not the policy's)
-    total     = max(sum_k signal_k, -cap)                           cap <= reward.outcome_weight, so the
-                                                                   outcome keeps at least half of the
-                                                                   reward's range
+    total     = max(sum_k signal_k, -cap)                           cap counts among the shaping caps,
+                                                                   which sum below reward.outcome_weight:
+                                                                   the outcome keeps over half the range
 
 Credit (`reward.process.credit`):
 
