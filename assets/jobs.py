@@ -108,6 +108,7 @@ def rl_round(extras: dict, log: Callable[[str], None]) -> Report:
         round_index,
         lambda step, m: log(round_log_line(round_index, cfg.rl.steps_per_round, step, m)),
         extras.get("provenance"),
+        teacher=extras.get("teacher"),
     )
     if not uri:  # not rank 0: rank 0 stores and reports
         return Report()

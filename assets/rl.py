@@ -105,6 +105,27 @@ def starting_point(tracker: MLflowTracker, sft_checkpoint: dict, init_from: str)
     return {"uri": champion.tags["checkpoint_uri"]}, f"v{champion.version}"
 
 
+def distill_teacher(tracker: MLflowTracker, sft_checkpoint: dict, teacher: str) -> dict:
+    """The checkpoint `rl.distill.teacher` names: the champion's, the SFT one, or a folder."""
+    if teacher == "sft":
+        return sft_checkpoint
+    if teacher == "champion":
+        champion = tracker.version_by_alias(CHAMPION)
+        if champion is None or "checkpoint_uri" not in champion.tags:
+            raise ValueError("rl.distill.teacher=champion, but the registry has no champion with a checkpoint yet")
+        return {"uri": champion.tags["checkpoint_uri"]}
+    return {"uri": teacher}
+
+
+def same_tokenizer(student, teacher, where: str) -> None:
+    """Distillation compares log-probs token by token: the two must split text the same way."""
+    if student.get_vocab() != teacher.get_vocab():
+        raise ValueError(
+            f"rl.distill.teacher {where}: its tokenizer differs from the student's "
+            f"({len(teacher.get_vocab())} vs {len(student.get_vocab())} entries); distillation needs the same one"
+        )
+
+
 def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_index: int) -> dict[str, dict]:
     """The task pool the latest earlier round stored ({} before the first)."""
     earlier = [k for k in reversed(round_numbers(context.instance)) if k < round_index]
@@ -165,6 +186,7 @@ def fit_round(
     round_index: int,
     on_step,
     provenance: dict | None = None,
+    teacher: dict | None = None,
 ) -> tuple[RoundResult, str]:
     """The round's work, wherever it runs (in the step, or launched through Dagster Pipes by
     assets/jobs.py, data-parallel under torchrun): train from `init`, save the `rl` checkpoint
@@ -176,6 +198,12 @@ def fit_round(
     if resolve_algorithm(cfg.rl).needs_reference:
         reference, _ = load_checkpoint(storage, sft_checkpoint, cfg.model.dtype, cfg.rl.reference_device or cfg.device)
         reference.requires_grad_(False).eval()
+    teacher_model = None
+    if cfg.rl.distill.enabled:  # on-policy distillation: the teacher scores the student's tokens
+        teacher_model, teacher_tok = load_checkpoint(
+            storage, teacher, cfg.model.dtype, cfg.rl.reference_device or cfg.device
+        )
+        same_tokenizer(tok, teacher_tok, teacher["uri"])
     # Resumable state lives on local disk next to the artifact cache: a re-executed round continues from it.
     state_dir = Path(storage.cache_dir) / "rl-state" / f"round-{round_index}"
     with sandbox.open() as box:
@@ -201,6 +229,7 @@ def fit_round(
             state_dir=state_dir,
             device=cfg.device,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
+            teacher=teacher_model,
         )
     dp = DataParallel.current()
     uri = ""
@@ -241,6 +270,7 @@ def train_round_partition(
     cfg = settings.config
     round_index = round_number(context.partition_key)
     init, init_version = starting_point(tracker, sft_checkpoint, cfg.rl.init_from)
+    teacher = distill_teacher(tracker, sft_checkpoint, cfg.rl.distill.teacher) if cfg.rl.distill.enabled else None
     algorithm = resolve_algorithm(cfg.rl)
     tasks = records(training_tasks)
     history = previous_pool(context, storage, round_index)
@@ -268,6 +298,7 @@ def train_round_partition(
                 "weights": weights,
                 "round": round_index,
                 "provenance": settings.provenance(context.run_id),
+                "teacher": teacher,
             }
             result, uri = round_result(storage, launcher.launch(context, "rl_round", extras))
         else:
@@ -284,6 +315,7 @@ def train_round_partition(
                 round_index,
                 lambda step, m: context.log.info(round_log_line(round_index, cfg.rl.steps_per_round, step, m)),
                 settings.provenance(context.run_id),
+                teacher=teacher,
             )
         if result.resumed_from_step:
             context.log.info(f"round {round_index} resumed from its step-{result.resumed_from_step} state checkpoint")

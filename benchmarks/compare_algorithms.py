@@ -50,6 +50,11 @@ def foundation(profile: str, overrides: dict, home: Path):
     return load("training_tasks"), load("benchmark_tasks"), load("knowledge_base"), load("sft_checkpoint")
 
 
+def held_out(benchmark_tasks, cfg) -> list[dict]:
+    """The benchmark rows the promotion gate scores: the suites (HumanEval, ...) are reported apart."""
+    return [t for t in benchmark_tasks.to_dict("records") if t["split"] not in cfg.benchmark.suites]
+
+
 def evaluator(cfg, tok, bench: list[dict], tools, cascade):
     """model -> {task_id: score} on the held-out tasks, sampled as the benchmark asset samples."""
     from training.agent.engines import HFEngine
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.threads)
     training_tasks, benchmark_tasks, knowledge_base, sft = foundation(args.profile, overrides, args.home)
     sft_path = Path(sft["uri"])
-    tasks, bench = training_tasks.to_dict("records"), benchmark_tasks.to_dict("records")
+    tasks, bench = training_tasks.to_dict("records"), held_out(benchmark_tasks, cfg)
     kb = kb_from_rows(knowledge_base.to_dict("records"))
     tok = load_tokenizer(sft_path)
     sandbox = SandboxResource.from_config(cfg.sandbox).open()

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.compare_algorithms import _mean, evaluator, foundation, plot  # noqa: E402
+from benchmarks.compare_algorithms import _mean, evaluator, foundation, held_out, plot  # noqa: E402
 from configs import load_profile, parse_override  # noqa: E402
 
 # method -> overrides; "plain" is the loop as the profile configures it
@@ -31,6 +31,9 @@ METHODS: dict[str, dict] = {
     "plain": {},
     "process_turn": {"reward.process.enabled": True, "reward.process.credit": "turn"},
     "process_trajectory": {"reward.process.enabled": True, "reward.process.credit": "trajectory"},
+    # the teacher is --teacher (a checkpoint folder with the student's tokenizer)
+    "distill": {"rl.distill.enabled": True},
+    "distill_only": {"rl.distill.enabled": True, "rl.distill.with_outcome": False},
 }
 
 
@@ -43,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--teacher", type=Path, help="the distill methods' teacher: a checkpoint folder")
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="also score every K steps on --eval-tasks held-out tasks (a curve)"
+    )
+    parser.add_argument("--eval-tasks", type=int, default=400)
     args = parser.parse_args(argv)
     overrides = dict(parse_override(o) for o in args.set)
     cfg = load_profile(args.profile, overrides)
@@ -50,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; known: {sorted(METHODS)}")
+    if any(METHODS[m].get("rl.distill.enabled") for m in methods) and args.teacher is None:
+        parser.error("--teacher: the distill methods need a teacher checkpoint folder")
     if "plain" not in methods:
         methods = ["plain", *methods]  # every gain is paired against it
 
@@ -67,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.threads)
     training_tasks, benchmark_tasks, knowledge_base, sft = foundation(args.profile, overrides, args.home)
     sft_path = Path(sft["uri"])
-    tasks, bench = training_tasks.to_dict("records"), benchmark_tasks.to_dict("records")
+    tasks, bench = training_tasks.to_dict("records"), held_out(benchmark_tasks, cfg)
     kb = kb_from_rows(knowledge_base.to_dict("records"))
     tok = load_tokenizer(sft_path)
     rows, curves, scores_of = [], {}, {}
@@ -76,6 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         judge = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)  # the same evaluation for every method
 
         evaluate = evaluator(cfg, tok, bench, tools, judge)
+        subset = bench[:: max(1, len(bench) // args.eval_tasks)][: args.eval_tasks]
+        quick = evaluator(cfg, tok, subset, tools, judge)
+
+        def subset_pass(model) -> float:
+            training = model.training
+            with torch.no_grad():
+                scores = quick(model.eval())
+            model.train(training)
+            return sum(scores.values()) / len(scores)
+
+        teacher_pass = None
+        if args.teacher is not None:
+            teacher_pass = subset_pass(load_policy(args.teacher, cfg.model.dtype))
+            print(f"[methods] teacher {args.teacher}: pass@1 {teacher_pass:.3f} on {len(subset)} tasks", flush=True)
 
         print(f"[methods] SFT checkpoint {sft_path}: evaluating on {len(bench)} held-out tasks", flush=True)
         sft_scores = evaluate(load_policy(sft_path, cfg.model.dtype))
@@ -91,10 +115,20 @@ def main(argv: list[str] | None = None) -> int:
                     if algo.needs_reference
                     else None
                 )
+                teacher = load_policy(args.teacher, mcfg.model.dtype) if mcfg.rl.distill.enabled else None
+                curve: list[tuple[int, float]] = []
 
                 def progress(
-                    step: int, m: dict[str, float], name=name, seed=seed, steps=mcfg.rl.steps_per_round
+                    step: int,
+                    m: dict[str, float],
+                    name=name,
+                    seed=seed,
+                    steps=mcfg.rl.steps_per_round,
+                    policy=policy,
+                    curve=curve,
                 ) -> None:
+                    if args.eval_every and step % args.eval_every == 0:
+                        curve.append((step, subset_pass(policy)))
                     if step % 5 == 0 or step == steps:
                         print(
                             f"[methods] {name} seed {seed} step {step}/{steps}: reward={m['reward/total/mean']:.3f} "
@@ -117,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     seed=seed * 1000 + 1,
                     engine_cfg=mcfg.engine,
                     on_step=progress,
+                    teacher=teacher,
                 )
                 minutes = (time.perf_counter() - started) / 60
                 scores = scores_of[(name, seed)] = evaluate(policy)
@@ -131,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
                     "seconds_per_step": 60 * minutes / max(1, len(result.history)),
                     "final_entropy": result.history[-1].get("actor/entropy"),
                     "mean_tool_error_rate": _mean(result.history, "rollout/tool_error_rate"),
+                    "eval_curve": curve,
+                    "steps_to_teacher": next((st for st, p in curve if p >= teacher_pass), None)
+                    if teacher_pass is not None
+                    else None,
                 }
                 if name != "plain":
                     plain = scores_of[("plain", seed)]
@@ -154,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
         "methods": {m: METHODS[m] for m in methods},
         "benchmark_tasks": len(bench),
+        "teacher": str(args.teacher) if args.teacher else None,
+        "teacher_subset_pass_at_1": teacher_pass,
+        "eval_every": args.eval_every,
+        "eval_tasks": len(subset),
         "steps": cfg.rl.steps_per_round,
         "command": " ".join(["benchmarks/compare_methods.py", *(argv if argv is not None else sys.argv[1:])]),
     }
@@ -169,10 +212,16 @@ def _ci(values: list[float] | None) -> str:
     return f"**{values[0]:+.3f}** [{values[1]:+.3f}, {values[2]:+.3f}]" if values else "-"
 
 
+def _reached(row: dict) -> str:
+    if not row.get("eval_curve"):
+        return "-"
+    return str(row["steps_to_teacher"]) if row.get("steps_to_teacher") is not None else "not reached"
+
+
 def to_markdown(rows: list[dict]) -> str:
     lines = [
-        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step |",
-        "|---|---|---|---|---|---|---|",
+        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step | steps to the teacher's pass@1 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         minutes = f"{r['rl_minutes']:.1f}" if "rl_minutes" in r else "-"
@@ -180,7 +229,7 @@ def to_markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['method']} | {r['seed'] if r['seed'] is not None else '-'} "
             f"| {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {_ci(r.get('gain_over_plain'))} "
-            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} |"
+            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {_reached(r)} |"
         )
     return "\n".join(lines)
 

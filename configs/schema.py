@@ -400,6 +400,29 @@ class CollapseConfig(_Strict):
     )
 
 
+class DistillConfig(_Strict):
+    """On-policy distillation (training/rl/math.py `distill_advantages`): the student samples, a
+    teacher with the same tokenizer scores every sampled token, and the per-token reverse KL is the
+    dense signal, alone or added to the outcome's advantage."""
+
+    enabled: bool = False
+    teacher: str = Field(
+        "champion",
+        description="champion: the registry's current champion; sft: the SFT checkpoint; or a checkpoint "
+        "folder. It must share the student's tokenizer (checked when the round starts).",
+    )
+    coef: float = Field(1.0, gt=0, description="Weight of the per-token signal teacher_logprob - student_logprob.")
+    with_outcome: bool = Field(
+        True,
+        description="True: added to the outcome estimator's advantage; False: the signal alone (pure distillation).",
+    )
+    clamp: float = Field(
+        5.0,
+        gt=0,
+        description="Bound on |teacher - student| per token: one token the teacher finds absurd moves no update alone.",
+    )
+
+
 class RLConfig(_Strict):
     """`algorithm` picks a registered preset (training/rl/algorithms.py); any field left None takes
     the preset's value, a set field overrides it."""
@@ -489,6 +512,7 @@ class RLConfig(_Strict):
     ppo: PPOConfig = PPOConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
     collapse: CollapseConfig = CollapseConfig()
+    distill: DistillConfig = DistillConfig()
 
 
 class VerifierSpec(_Strict):

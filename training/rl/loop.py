@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from configs.failpoints import failpoint
-from configs.schema import EngineConfig, ProcessConfig, RLConfig, RolloutConfig
+from configs.schema import DistillConfig, EngineConfig, ProcessConfig, RLConfig, RolloutConfig
 from environments.tools import Tool
 from training.agent.engines import build_rollout_engine
 from training.agent.loop import run_episodes
@@ -44,6 +44,7 @@ from training.rl.curriculum import sample_prompts
 from training.rl.math import (
     TOKEN_ADVANTAGE_ESTIMATORS,
     agg_loss,
+    distill_advantages,
     get_advantage_estimator,
     get_policy_loss,
     group_stats,
@@ -311,6 +312,8 @@ def prepare_samples(
     chunk_tokens: int | None = None,
     dp: DataParallel = DataParallel(),
     process: ProcessConfig | None = None,
+    distill: DistillConfig | None = None,
+    teacher=None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Step 3: the trainer's own log-probs of the recorded tokens (the PPO ratio's denominator, and
     the engine/trainer mismatch), reference log-probs, KL (in the reward if so placed), values,
@@ -351,6 +354,8 @@ def prepare_samples(
     batch = _with_advantages(batch, algo, in_reward, critic, pad_id, micro_batch_tokens, dp, metrics)
     if process is not None and process.enabled and process.credit == "turn":
         batch = _with_turn_credit(batch, process, metrics)
+    if distill is not None and distill.enabled:
+        batch = _with_distillation(batch, distill, teacher, passes, dp, metrics)
     if algo.tis_cap is not None:  # w > 0 factors out of PPO's min/max, so weighting A weights the token's loss
         weights = tis_weights(batch.old_logprobs, batch.behaviour_logprobs, batch.tool_mask, algo.tis_cap)
         metrics["rollout/tis_weight_mean"] = float(masked_mean(weights, batch.tool_mask))
@@ -421,6 +426,25 @@ def _with_turn_credit(batch: RolloutBatch, process: ProcessConfig, metrics: dict
     added = padded([on_turn_tokens(turns, r["tool_mask"]) for turns, r in zip(per_turn, batch.records)], batch.width)
     metrics["actor/turn_advantage_abs_mean"] = float(masked_mean(added.abs(), batch.tool_mask))
     return batch.with_(advantages=batch.advantages + process.turn_weight * added)
+
+
+def _with_distillation(
+    batch: RolloutBatch, distill: DistillConfig, teacher, passes: dict, dp: DataParallel, metrics: dict[str, float]
+) -> RolloutBatch:
+    """On-policy distillation: the teacher scores the student's sampled tokens; `coef` times
+    (teacher - student log-prob) is added to the outcome's advantage, or replaces it
+    (`with_outcome: false`). The student's log-probs are the trainer's before the update (the
+    engine's when the update reuses its own, on-policy: the two agree to rollout/logprob_mismatch)."""
+    if teacher is None:
+        raise ValueError("rl.distill.enabled but no teacher model was given")
+    teacher_lp = padded(
+        dp.map_sharded(batch.records, lambda rows: recorded_logprobs(teacher, rows, **passes)), batch.width
+    )
+    student_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.behaviour_logprobs
+    signal = distill_advantages(student_lp, teacher_lp, batch.tool_mask, distill.clamp)
+    metrics["distill/reverse_kl"] = -float(masked_mean(signal, batch.tool_mask))
+    base = batch.advantages if distill.with_outcome else torch.zeros_like(batch.advantages)
+    return batch.with_(advantages=base + distill.coef * signal)
 
 
 def _on_tokens(sequence: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
@@ -685,6 +709,7 @@ def train_round(
     task_weights: Mapping[str, float] | None = None,
     device: torch.device | str | None = None,
     gradient_checkpointing: bool = False,
+    teacher=None,
 ) -> RoundResult:
     """`task_weights`: the curriculum's sampling weight per task id (training/rl/curriculum.py); None = uniform.
     `reference` may be None when the algorithm's kl_coef is 0. `state_dir`: where resumable state
@@ -698,6 +723,8 @@ def train_round(
     update is sharded over ranks by the training engine. `result.policy` is the trained model with
     whole weights (under ZeRO-3, the sampler's copy: see below)."""
     algo = resolve_algorithm(rl)
+    if rl.distill.enabled and teacher is None:
+        raise ValueError("rl.distill.enabled but no teacher model was given (rl.distill.teacher)")
     if algo.needs_reference and reference is None:
         raise ValueError(
             f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given"
@@ -715,6 +742,8 @@ def train_round(
     engines = build_engines(
         policy, reference, algo, rl, engine_cfg, device=device, gradient_checkpointing=gradient_checkpointing
     )
+    if teacher is not None:  # frozen, beside the reference
+        teacher.requires_grad_(False).eval().to(resolve_device(rl.reference_device or engines["policy"].device))
     if sampler is not None:
         sampler.to(engines["policy"].device).requires_grad_(False).eval()
     # samples rollouts; the engine's module computes gradients
@@ -827,6 +856,8 @@ def train_round(
                     chunk_tokens=engine_cfg.logit_chunk_tokens,
                     dp=dp,
                     process=cascade.cfg.process,
+                    distill=rl.distill,
+                    teacher=teacher,
                 )
                 if train_records
                 else ([], {})

@@ -465,3 +465,14 @@ def tis_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor,
     at `cap` bounds the variance a rare token could add. 0 where mask is 0."""
     ratio = torch.exp((trainer_logprobs - engine_logprobs).detach()).clamp(max=cap)
     return torch.where(_bool_mask(mask), ratio, torch.zeros_like(ratio))
+
+
+def distill_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, mask: Tensor, clamp: float) -> Tensor:
+    """On-policy distillation's per-token signal (Agarwal et al. 2024, GKD; Thinking Machines'
+    "on-policy distillation"): on tokens the student sampled, `log pi_teacher - log pi_student`,
+    the negative of the single-sample estimate of the per-token reverse KL(student || teacher).
+    Used as an advantage with no discount: each token is pushed towards what the teacher would
+    have said at that point of the student's own trajectory. Clamped to [-clamp, clamp] and
+    without gradient (a reward, not a loss); 0 where mask is 0."""
+    signal = (teacher_logprobs - student_logprobs).detach().clamp(-clamp, clamp)
+    return torch.where(_bool_mask(mask), signal, torch.zeros_like(signal))
