@@ -109,6 +109,7 @@ def rl_round(extras: dict, log: Callable[[str], None]) -> Report:
         lambda step, m: log(round_log_line(round_index, cfg.rl.steps_per_round, step, m)),
         extras.get("provenance"),
         teacher=extras.get("teacher"),
+        hindsight_from=extras.get("hindsight_from"),
     )
     if not uri:  # not rank 0: rank 0 stores and reports
         return Report()

@@ -48,6 +48,7 @@ from training.model import save_checkpoint
 from training.rl.algorithms import resolve_algorithm
 from training.rl.collapse import CollapseReport, detect_collapse
 from training.rl.curriculum import pool_frame, pool_weights, update_history
+from training.rl.hindsight import relabel_all
 from training.rl.loop import RoundResult, train_round
 from training.rl.scoring import reward_summary, tier_table
 from verifiers.cascade import Cascade, TierStats
@@ -136,6 +137,29 @@ def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_
     return {}
 
 
+def previous_rollouts(context: AssetExecutionContext, storage: ArtifactStore, round_index: int) -> int | None:
+    """The latest earlier round whose rollouts and rewards are stored (None before the first):
+    hindsight relabeling (rl.hindsight) starts a round from its corrected examples."""
+    for key in reversed(round_numbers(context.instance)):
+        if key < round_index and read_stored_frame(storage.uri("assets"), "verified_rewards", str(key)) is not None:
+            return key
+    return None
+
+
+def hindsight_examples(storage: ArtifactStore, round_key: int | None, tasks: list[dict], tokenizer) -> list[dict]:
+    """Round `round_key`'s failed trajectories that showed the answer, relabeled (training/rl/hindsight.py)."""
+    if round_key is None:
+        return []
+    rollouts = read_stored_frame(storage.uri("assets"), "rollout_batches", str(round_key))
+    rewards = read_stored_frame(storage.uri("assets"), "verified_rewards", str(round_key))
+    if rollouts is None or rewards is None:
+        return []
+    outcome = dict(zip(rewards["trajectory_id"], rewards["outcome"]))
+    rows = rollouts.to_dict("records")
+    scores = [{"outcome": outcome.get(r["trajectory_id"])} for r in rows]
+    return relabel_all(rows, scores, {t["task_id"]: t for t in tasks}, tokenizer)
+
+
 @multi_asset(
     group_name="rl",
     partitions_def=rl_rounds,
@@ -187,10 +211,12 @@ def fit_round(
     on_step,
     provenance: dict | None = None,
     teacher: dict | None = None,
+    hindsight_from: int | None = None,
 ) -> tuple[RoundResult, str]:
     """The round's work, wherever it runs (in the step, or launched through Dagster Pipes by
     assets/jobs.py, data-parallel under torchrun): train from `init`, save the `rl` checkpoint
-    (rank 0), and return (result, checkpoint uri). Collective across ranks."""
+    (rank 0), and return (result, checkpoint uri). Collective across ranks. `hindsight_from`: the
+    earlier round whose corrected examples start this one's (rl.hindsight)."""
     torch.set_num_threads(cfg.threads)
     policy, tok = load_checkpoint(storage, init, cfg.model.dtype, cfg.device)
     policy = apply_lora(policy, cfg.model.lora)
@@ -230,6 +256,9 @@ def fit_round(
             device=cfg.device,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
             teacher=teacher_model,
+            hindsight_examples=hindsight_examples(storage, hindsight_from, tasks, tok)
+            if cfg.rl.hindsight.enabled
+            else None,
         )
     dp = DataParallel.current()
     uri = ""
@@ -274,6 +303,7 @@ def train_round_partition(
     algorithm = resolve_algorithm(cfg.rl)
     tasks = records(training_tasks)
     history = previous_pool(context, storage, round_index)
+    hindsight_from = previous_rollouts(context, storage, round_index) if cfg.rl.hindsight.enabled else None
     weights = pool_weights([t["task_id"] for t in tasks], history, cfg.rl.curriculum)
     params = {
         "rl": cfg.rl.model_dump(),
@@ -299,6 +329,7 @@ def train_round_partition(
                 "round": round_index,
                 "provenance": settings.provenance(context.run_id),
                 "teacher": teacher,
+                "hindsight_from": hindsight_from,
             }
             result, uri = round_result(storage, launcher.launch(context, "rl_round", extras))
         else:
@@ -316,6 +347,7 @@ def train_round_partition(
                 lambda step, m: context.log.info(round_log_line(round_index, cfg.rl.steps_per_round, step, m)),
                 settings.provenance(context.run_id),
                 teacher=teacher,
+                hindsight_from=hindsight_from,
             )
         if result.resumed_from_step:
             context.log.info(f"round {round_index} resumed from its step-{result.resumed_from_step} state checkpoint")

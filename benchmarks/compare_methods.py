@@ -34,6 +34,10 @@ METHODS: dict[str, dict] = {
     # the teacher is --teacher (a checkpoint folder with the student's tokenizer)
     "distill": {"rl.distill.enabled": True},
     "distill_only": {"rl.distill.enabled": True, "rl.distill.with_outcome": False},
+    # one round from SFT: the relabels come from the round's own earlier steps (no previous round)
+    "hindsight": {"rl.hindsight.enabled": True},
+    # step t+1 generated during step t's update, by the weights before it; TIS corrects the lag
+    "one_step_off": {"rl.one_step_off_policy": True, "rl.tis_cap": 2.0},
 }
 
 
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                     "gain_over_sft": list(paired_difference(scores, sft_scores, cfg.benchmark.confidence)),
                     "rl_minutes": minutes,
                     "seconds_per_step": 60 * minutes / max(1, len(result.history)),
+                    # the step's wait for its batch: the whole generation on-policy, what is left of
+                    # it after the previous update when generated ahead (rl.one_step_off_policy)
+                    "rollout_wait_s": _mean(result.history, "perf/generate_s"),
                     "final_entropy": result.history[-1].get("actor/entropy"),
                     "mean_tool_error_rate": _mean(result.history, "rollout/tool_error_rate"),
                     "eval_curve": curve,
@@ -220,16 +227,17 @@ def _reached(row: dict) -> str:
 
 def to_markdown(rows: list[dict]) -> str:
     lines = [
-        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step | steps to the teacher's pass@1 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step | of which waiting for rollouts | steps to the teacher's pass@1 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         minutes = f"{r['rl_minutes']:.1f}" if "rl_minutes" in r else "-"
         per_step = f"{r['seconds_per_step']:.1f}" if "seconds_per_step" in r else "-"
+        waiting = f"{r['rollout_wait_s']:.1f}" if r.get("rollout_wait_s") is not None else "-"
         lines.append(
             f"| {r['method']} | {r['seed'] if r['seed'] is not None else '-'} "
             f"| {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {_ci(r.get('gain_over_plain'))} "
-            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {_reached(r)} |"
+            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} |"
         )
     return "\n".join(lines)
 

@@ -423,6 +423,23 @@ class DistillConfig(_Strict):
     )
 
 
+class HindsightConfig(_Strict):
+    """Hindsight relabeling (training/rl/hindsight.py): failed trajectories whose own tool output
+    showed the answer become corrected examples, trained by an auxiliary NLL beside the RL loss in
+    the steps after they were sampled and in the next round."""
+
+    enabled: bool = False
+    coef: float = Field(
+        0.1,
+        gt=0,
+        description="Weight of the auxiliary NLL (a token mean over the examples) next to the RL loss.",
+    )
+    per_step: int = Field(8, ge=1, description="Corrected examples added to each step's update (the newest first).")
+    buffer: int = Field(
+        256, ge=1, description="Corrected examples kept: the newest, this round's and the previous round's."
+    )
+
+
 class RLConfig(_Strict):
     """`algorithm` picks a registered preset (training/rl/algorithms.py); any field left None takes
     the preset's value, a set field overrides it."""
@@ -513,6 +530,23 @@ class RLConfig(_Strict):
     curriculum: CurriculumConfig = CurriculumConfig()
     collapse: CollapseConfig = CollapseConfig()
     distill: DistillConfig = DistillConfig()
+    hindsight: HindsightConfig = HindsightConfig()
+    one_step_off_policy: bool = Field(
+        False,
+        description="Generate step t+1's rollouts while step t's update runs, with the weights from before "
+        "that update (a copy of the policy), so each batch is one update old when it trains; its importance "
+        "correction is rl.tis_cap, which must be set. One process only; off on the CPU profiles, where both "
+        "stages share the same cores (docs/performance.md).",
+    )
+
+    @model_validator(mode="after")
+    def _off_policy_is_corrected(self) -> RLConfig:
+        if self.one_step_off_policy and self.tis_cap is None:
+            raise ValueError(
+                "rl.one_step_off_policy trains each batch one update after the weights that sampled it: "
+                "set rl.tis_cap (e.g. 2.0), the truncated importance weight that corrects the lag"
+            )
+        return self
 
 
 class VerifierSpec(_Strict):

@@ -22,6 +22,7 @@ import os
 import socket
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -600,6 +601,18 @@ def _per_rank(engine: TrainEngine, values: list[int]) -> list[list[int]]:
     return [[int(v) for v in row] for row in engine.all_reduce_sum(table).tolist()]
 
 
+@dataclass(frozen=True)
+class Auxiliary:
+    """Rows trained by a second loss in the same optimizer step as the main one (the hindsight
+    examples' NLL beside the RL loss). `metrics`: the names its loss_fn reports, summed over
+    micro-batches and ranks (normalized by the global counts, as `summed` metrics are)."""
+
+    rows: list
+    loss_fn: LossFn
+    count_fn: CountFn
+    metrics: tuple[str, ...]
+
+
 def accumulate_step(
     engine: TrainEngine,
     rows: list,
@@ -610,6 +623,7 @@ def accumulate_step(
     max_tokens: int | None = None,
     shape: Callable[[Any], tuple[int, int]] | None = None,
     summed: Sequence[str] = (),
+    auxiliary: Auxiliary | None = None,
 ) -> dict[str, float]:
     """ONE optimizer step over `rows`, this rank's share of a minibatch.
 
@@ -621,9 +635,16 @@ def accumulate_step(
     exactly the minibatch loss whatever the split, and so are the metrics named in `summed` (parts
     of the loss, normalized by the global counts like it); plus the engine's grad_norm and lr. Every
     rank's loss_fn must report the same metric names (they are summed in one collective).
+
+    `auxiliary`: other rows with their own loss, added to the same step (their gradients join the
+    main loss's before the one update); split into micro-batches the same way, normalized by their
+    own global counts, their metrics summed. Every rank passes one, or none does.
     """
     chunks = micro_batches(rows, micro_batch_size, max_tokens=max_tokens, shape=shape)
-    rows_per_rank, chunks_per_rank = _per_rank(engine, [len(rows), len(chunks)])
+    aux_chunks = (
+        micro_batches(auxiliary.rows, micro_batch_size, max_tokens=max_tokens, shape=shape) if auxiliary else []
+    )
+    rows_per_rank, chunks_per_rank, aux_per_rank = _per_rank(engine, [len(rows), len(chunks), len(aux_chunks)])
     if min(rows_per_rank) == 0:
         raise ValueError(
             f"a rank has no rows (rows per rank: {rows_per_rank}); the minibatch must have at "
@@ -636,6 +657,12 @@ def accumulate_step(
 
     # 1. global counts
     global_counts = engine.all_reduce_sum(torch.stack([count_fn(chunk) for chunk in chunks]).sum(0))
+    if auxiliary is not None:
+        aux_counts = engine.all_reduce_sum(
+            torch.stack([auxiliary.count_fn(chunk) for chunk in aux_chunks]).sum(0)
+            if aux_chunks
+            else auxiliary.count_fn([])
+        )
 
     # 2. forward/backward per micro-batch
     total_loss, weighted = 0.0, {}
@@ -649,11 +676,24 @@ def accumulate_step(
         total_loss += float(loss.detach())
         for name, value in metrics.items():
             weighted[name] = weighted.get(name, 0.0) + float(value) * (1 if name in summed else len(chunks[i]))
+    if auxiliary is not None:
+        weighted |= {name: 0.0 for name in auxiliary.metrics}  # the same names on every rank
+        for i in range(max(aux_per_rank)):
+            if i >= len(aux_chunks):  # filler: as many backward passes as the busiest rank (ZeRO)
+                loss, _ = loss_fn(chunks[0][:1], global_counts)
+                engine.backward(loss * 0.0)
+                continue
+            loss, metrics = auxiliary.loss_fn(aux_chunks[i], aux_counts)
+            engine.backward(loss)
+            total_loss += float(loss.detach())
+            for name, value in metrics.items():
+                weighted[name] += float(value)
 
     # 3. update, and metrics over the whole minibatch
     out = engine.step()
     names = sorted(weighted)
     sums = engine.all_reduce_sum(torch.tensor([weighted[n] for n in names] + [total_loss], dtype=torch.float64))
     num_rows = sum(rows_per_rank)
-    result = {name: float(sums[j]) / (1 if name in summed else num_rows) for j, name in enumerate(names)}
+    kept_whole = set(summed) | set(auxiliary.metrics if auxiliary else ())
+    result = {name: float(sums[j]) / (1 if name in kept_whole else num_rows) for j, name in enumerate(names)}
     return {**result, "loss": float(sums[-1]), **out}

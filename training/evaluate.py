@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from configs.failpoints import failpoint
-from configs.schema import RolloutConfig
-from environments.tools import Tool
-from training.agent.engines import RolloutEngine
-from training.agent.loop import run_episodes
 from training.graduation import count_calls
-from training.rl.scoring import Verifying, episode_record
-from verifiers.cascade import Cascade
+
+if TYPE_CHECKING:
+    from configs.schema import RolloutConfig
+    from environments.tools import Tool
+    from training.agent.engines import RolloutEngine
+    from verifiers.cascade import Cascade
 
 
 def evaluate_policy(
@@ -36,6 +37,11 @@ def evaluate_policy(
     batch_size: int,
 ) -> list[dict]:
     """One row per task: mean outcome over its samples, tool calls and turns."""
+    # imported here, not with the module: the statistics below serve the registry's commands
+    # (`make models`, `make promote`), which should not load torch and transformers to start
+    from training.agent.loop import run_episodes
+    from training.rl.scoring import Verifying, episode_record
+
     k = 1 if greedy else samples_per_task
     rows = []
     per_batch = max(1, batch_size // k)

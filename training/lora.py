@@ -9,11 +9,20 @@ plain HF folder and never see an adapter.
 from __future__ import annotations
 
 import copy
+import sys
 
 import torch
-from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 
 from configs.schema import LoRAConfig
+
+
+# peft is imported where adapters are made, not with this module: it pulls in transformers' auto
+# classes and scikit-learn (~4 s), and every Dagster step process, CLI command and served model
+# imports this module through the engines whether or not the profile uses LoRA.
+def _is_peft(model: torch.nn.Module) -> bool:
+    """A PeftModel; without importing peft (a model cannot be one if peft was never imported)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def _weight_module_names(model: torch.nn.Module) -> list[str]:
@@ -47,9 +56,11 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
     model's output equals the base model's until the first update."""
     if not cfg.enabled:
         return model
-    if isinstance(model, PeftModel):
+    if _is_peft(model):
         raise ValueError("model already has LoRA adapters")
     _check_targets(model, cfg.target_modules)
+    from peft import LoraConfig, TaskType, get_peft_model
+
     peft_cfg = LoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
@@ -77,6 +88,6 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     """A plain HF model with the adapters folded into the base weights (W + alpha/r * B A), for
     `save_checkpoint`. Merges a deep copy, so the training model keeps its adapters (at the cost
     of one model copy in memory while saving). A plain model passes through unchanged."""
-    if not isinstance(model, PeftModel):
+    if not _is_peft(model):
         return model
     return copy.deepcopy(model).merge_and_unload()

@@ -14,8 +14,9 @@ import copy
 import json
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from training.agent.engines import build_rollout_engine
 from training.agent.loop import run_episodes
 from training.data_parallel import DataParallel
 from training.engines import (
+    Auxiliary,
     TrainEngine,
     accumulate_step,
     build_engine,
@@ -41,6 +43,7 @@ from training.rl.algorithms import Algorithm, resolve_algorithm
 from training.rl.batch import RolloutBatch, Sample, group_index, padded
 from training.rl.critic import critic_from_policy, token_values
 from training.rl.curriculum import sample_prompts
+from training.rl.hindsight import relabel_all
 from training.rl.math import (
     TOKEN_ADVANTAGE_ESTIMATORS,
     agg_loss,
@@ -606,6 +609,23 @@ def critic_loss_fn(engine, clip: float, pad_id: int) -> Callable:
 SUMMED_METRICS = ("loss/policy", "loss/kl", "critic/value_loss", "actor/entropy")
 
 
+def hindsight_loss_fn(engine, coef: float, pad_id: int, chunk_tokens: int | None = None) -> Callable:
+    """The corrected examples' NLL (training/rl/hindsight.py): a token mean over every example of
+    the minibatch (`counts[0]`, global) on their trained tokens, times `coef`, at temperature 1 as
+    SFT trains. Reported unweighted as `loss/hindsight`."""
+
+    def loss_fn(samples: list[Sample], counts: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = _collate(samples, pad_id, engine.device)
+        logprobs = completion_logprobs(engine.module, batch, chunk_tokens=chunk_tokens)
+        nll = agg_loss(-logprobs, batch.loss_mask, "token_mean", num_tokens=counts[0])
+        return coef * nll, {"loss/hindsight": float(nll.detach())}
+
+    return loss_fn
+
+
+HINDSIGHT_METRICS = ("loss/hindsight",)
+
+
 def _sample_shape(sample: Sample) -> tuple[int, int]:
     return _record_shape(sample.record)
 
@@ -620,17 +640,25 @@ def run_update(
     generator: torch.Generator,
     prefix: str,
     micro_batch_tokens: int | None = None,
+    auxiliary: Auxiliary | None = None,
 ) -> dict[str, float]:
     """`minibatches` optimizer steps over shuffled, disjoint minibatches (PPO's inner epoch). Each
     minibatch is split over ranks and micro-batches (at most `micro_batch_size` rows and
     `micro_batch_tokens` padded tokens, engine.*); the loss is normalized by its global counts, so
-    the update does not depend on how it is split (tests/training/test_engines.py)."""
+    the update does not depend on how it is split (tests/training/test_engines.py).
+    `auxiliary`: rows of a second loss (hindsight examples), dealt over the minibatches in turn and
+    trained in the same optimizer steps."""
     engine.train()
     order = torch.randperm(len(samples), generator=generator).tolist()
     chunks = [order[i::minibatches] for i in range(minibatches) if order[i::minibatches]]
     sums: dict[str, float] = {}
-    for chunk in chunks:
+    for c, chunk in enumerate(chunks):
         mine = shard([samples[i] for i in chunk], engine.rank, engine.world_size)
+        extra = (
+            replace(auxiliary, rows=shard(auxiliary.rows[c :: len(chunks)], engine.rank, engine.world_size))
+            if auxiliary is not None
+            else None
+        )
         metrics = accumulate_step(
             engine,
             mine,
@@ -640,6 +668,7 @@ def run_update(
             max_tokens=micro_batch_tokens,
             shape=_sample_shape,
             summed=SUMMED_METRICS,
+            auxiliary=extra,
         )
         for key, value in metrics.items():
             name = key if "/" in key else f"{prefix}/{key}"  # the engine's grad_norm / lr
@@ -710,13 +739,15 @@ def train_round(
     device: torch.device | str | None = None,
     gradient_checkpointing: bool = False,
     teacher=None,
+    hindsight_examples: list[dict] | None = None,
 ) -> RoundResult:
     """`task_weights`: the curriculum's sampling weight per task id (training/rl/curriculum.py); None = uniform.
     `reference` may be None when the algorithm's kl_coef is 0. `state_dir`: where resumable state
     checkpoints go every `rl.checkpoint_every` steps (None: no checkpoints). `device`: the config's
     `device`, where the policy trains (None: where it is); the reference and the critic go to
     rl.reference_device / rl.critic_device, by default the policy's. `gradient_checkpointing`:
-    `model.gradient_checkpointing`, for the policy and the critic.
+    `model.gradient_checkpointing`, for the policy and the critic. `hindsight_examples`: the previous
+    round's corrected examples (training/rl/hindsight.py), when `rl.hindsight` is on.
 
     Under torchrun (several ranks) the round is data-parallel (training/data_parallel.py): each
     rank rolls out whole groups of the step's prompts, every rank sees the global batch, and the
@@ -730,6 +761,13 @@ def train_round(
             f"rl.algorithm={rl.algorithm!r} has kl_coef={algo.kl_coef} > 0 but no reference model was given"
         )
     zero3 = engine_cfg.kind == "deepspeed" and engine_cfg.zero_stage == 3
+    ahead_of_update = rl.one_step_off_policy
+    if ahead_of_update and (zero3 or DataParallel.current().world_size > 1 or algo.dynamic_sampling):
+        raise ValueError(
+            "rl.one_step_off_policy runs in one process, without ZeRO-3 and without dynamic sampling "
+            f"(here: world size {DataParallel.current().world_size}, zero_stage {engine_cfg.zero_stage}, "
+            f"algorithm {rl.algorithm!r})"
+        )
     if zero3 and algo.critic:
         raise ValueError(
             f"rl.algorithm={rl.algorithm!r} trains a critic, whose value pass needs whole weights: use engine.zero_stage 0-2 "
@@ -778,11 +816,20 @@ def train_round(
             result.history.append(entry["history"])
     else:
         journal = []  # per step: its rollouts, rewards and history entry (the resume state's journal)
+    # Hindsight relabels: the previous round's, then each step's, newest last. A pure function of
+    # the rollouts, so a resumed round rebuilds it from the journal instead of saving it.
+    hindsight = rl.hindsight
+    relabels: deque[dict] = deque(hindsight_examples or [], maxlen=hindsight.buffer)
+    if hindsight.enabled:
+        for entry in journal:
+            relabels.extend(relabel_all(entry["rollouts"], entry["rewards"], by_id, tokenizer))
 
     def sample(n_prompts: int, step: int, tag: str) -> tuple[list[dict], list[dict]]:
+        return generate(sample_prompts(tasks, task_weights or {}, n_prompts, rng), step, tag)
+
+    def generate(prompts: list[dict], step: int, tag: str) -> tuple[list[dict], list[dict]]:
         """The step's prompts are drawn alike on every rank; each rolls out and scores its share of
         whole groups; every rank gets the global batch back, in prompt order."""
-        prompts = sample_prompts(tasks, task_weights or {}, n_prompts, rng)
         mine = dp.mine(prompts)
 
         def to_record(episode) -> dict:
@@ -816,12 +863,32 @@ def train_round(
 
     # The rollout engine serves the policy's current weights: HF shares its tensors, vLLM gets
     # them pushed after every update (sync_weights), without a restart.
+    def generate_ahead(prompts: list[dict], step: int) -> tuple[list[dict], list[dict], tuple]:
+        """The next step's batch, on the background thread, with its verifier statistics taken
+        there (the main thread takes none while it runs)."""
+        records, scores = generate(prompts, step, str(step))
+        return records, scores, cascade.take_stats()
+
+    # One step off-policy: the rollout engine serves a copy of the weights, which step t+1's
+    # generation reads (on a background thread) while step t's update changes the trainer's; the
+    # copy takes the new weights once that generation is collected. Made after a resume, so it
+    # starts from the restored weights.
+    trainer_view = model  # whose log-probs are the "old" ones in prepare_samples
+    if ahead_of_update:
+        model = copy.deepcopy(engines["policy"].model).requires_grad_(False).eval()
     rollout_engine = build_rollout_engine(rollout, model, tokenizer, seed=seed)
+    background = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead") if ahead_of_update else None
+    ahead: Future | None = None  # the next step's (records, scores), generating
     try:
         for step in range(first_step, rl.steps_per_round + 1):
             start = time.perf_counter()
             # 1-2. generate and verify; DAPO refills until enough groups have reward spread
-            records, scores = sample(rl.prompts_per_step, step, str(step))
+            lag, taken = 0.0, None
+            if ahead is not None:  # generated during the previous update, by the weights before it
+                records, scores, taken = ahead.result()
+                ahead, lag = None, 1.0
+            else:
+                records, scores = sample(rl.prompts_per_step, step, str(step))
             passes = 1
             while (
                 algo.dynamic_sampling
@@ -831,9 +898,20 @@ def train_round(
                 passes += 1
                 more_records, more_scores = sample(rl.prompts_per_step, step, f"{step}.{passes}")
                 records, scores = records + more_records, scores + more_scores
-            step_stats, disagreements = _global_stats(dp, cascade.take_stats())
+            step_stats, disagreements = _global_stats(dp, taken or cascade.take_stats())
             merge_stats(result.tier_stats, step_stats)
             result.disagreements += disagreements
+            if ahead_of_update:  # the copy takes the trainer's weights, then generates the next step's batch
+                sync_start = time.perf_counter()
+                model.load_state_dict(engines["policy"].model_state_dict())
+                rollout_engine.sync_weights(model)
+                sync_s = time.perf_counter() - sync_start
+                # the resume state keeps the generator of prompts as it was before the next step's draw
+                rng_before_draw = rng.getstate()
+                if step < rl.steps_per_round:
+                    ahead = background.submit(
+                        generate_ahead, sample_prompts(tasks, task_weights or {}, rl.prompts_per_step, rng), step + 1
+                    )
             generate_s = time.perf_counter() - start
             train_records, train_scores = (
                 _first_spread_groups(records, scores, rl.prompts_per_step, algo.group_filter)
@@ -847,7 +925,7 @@ def train_round(
                     train_records,
                     train_scores,
                     algo,
-                    policy=model,
+                    policy=trainer_view,
                     reference=reference,
                     critic=critic,
                     temperature=rollout.temperature,
@@ -864,7 +942,7 @@ def train_round(
             )
             if not train_records:  # nothing to train on; the engine gap is still measured
                 prep_metrics = trainer_gap(
-                    model,
+                    trainer_view,
                     records,
                     temperature=rollout.temperature,
                     pad_id=pad_id,
@@ -894,6 +972,19 @@ def train_round(
                     generator=generator,
                     prefix="critic",
                 )
+            # the newest corrected examples from earlier steps and the previous round, in the same update
+            auxiliary = None
+            if hindsight.enabled and relabels:
+                rows = [
+                    Sample(record=r, advantages=[], old_logprobs=None) for r in list(relabels)[-hindsight.per_step :]
+                ]
+                auxiliary = Auxiliary(
+                    rows,
+                    hindsight_loss_fn(engines["policy"], hindsight.coef, pad_id, engine_cfg.logit_chunk_tokens),
+                    _counts,
+                    HINDSIGHT_METRICS,
+                )
+                update["hindsight/trained"] = float(len(rows))
             if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
                 on_policy: dict[str, float] = {}
                 update |= run_update(
@@ -913,12 +1004,19 @@ def train_round(
                     micro_batch_tokens=engine_cfg.micro_batch_tokens,
                     generator=generator,
                     prefix="actor",
+                    auxiliary=auxiliary,
                 )
                 prep_metrics |= on_policy_metrics(on_policy, dp)
                 if sampler is not None:  # gathered from the ZeRO-3 shards (a collective), into the whole copy
                     sampler.load_state_dict(engines["policy"].model_state_dict())
-                update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
+                if not ahead_of_update:
+                    update["perf/weight_sync_s"] = rollout_engine.sync_weights(model)
             failpoint("rl.update")
+            if hindsight.enabled:  # this step's failures that showed the answer, for the next steps
+                relabeled = relabel_all(records, scores, by_id, tokenizer)
+                relabels.extend(relabeled)
+                update["hindsight/relabeled"] = float(len(relabeled))
+                update["hindsight/buffer"] = float(len(relabels))
             # 5. log, checkpoint
             metrics = {
                 **rollout_metrics(records, scores),
@@ -929,6 +1027,10 @@ def train_round(
                 "rollout/trained_trajectories": float(len(samples)),
                 "perf/generate_s": generate_s,
             }
+            if ahead_of_update:
+                # rollout/policy_lag: updates between the weights that sampled this batch and the
+                # trainer's (1 when it was generated ahead); perf/generate_s is then the wait for it
+                metrics |= {"rollout/policy_lag": lag, "perf/weight_sync_s": sync_s}
             entry = {"step": step, **metrics}
             result.rollouts += records
             result.rewards += scores
@@ -938,7 +1040,11 @@ def train_round(
                 save_start = time.perf_counter()
                 # The progress saved is the round's fixed-size part; what grows is in the journal.
                 progress = replace(result, rollouts=[], rewards=[], history=[], policy=None)
-                save_state(state_dir, step, state_key, engines, rng, generator, progress, dp, journal=journal)
+                saved_rng = rng
+                if ahead_of_update:  # as before the next step's draw: a resumed round draws those prompts again
+                    saved_rng = random.Random()
+                    saved_rng.setstate(rng_before_draw)
+                save_state(state_dir, step, state_key, engines, saved_rng, generator, progress, dp, journal=journal)
                 metrics["perf/save_s"] = time.perf_counter() - save_start
             # The step's time includes its save; the journal's copy of a saving step's entry, which a
             # resumed round reads back, was written before the save ended and so lacks both.
@@ -947,8 +1053,12 @@ def train_round(
             if on_step:
                 on_step(step, metrics)
     finally:
+        if background is not None:  # a generation in flight ends before its engine closes
+            if ahead is not None:
+                ahead.cancel()
+            background.shutdown(wait=True)
         rollout_engine.close()
-    result.policy = model
+    result.policy = trainer_view  # the trained weights (the off-policy copy is one update behind)
     return result
 
 
