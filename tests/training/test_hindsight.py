@@ -198,3 +198,34 @@ def test_a_round_with_hindsight_trains_its_relabels_and_relabels_its_own_failure
     assert all("hindsight/relabeled" in h for h in with_relabels.history)
     assert not any(k.startswith("hindsight/") or k == "loss/hindsight" for h in plain.history for k in h)
     assert nll(with_relabels.policy) < min(before, nll(plain.policy)) - 0.05
+
+
+def test_a_round_starts_from_the_previous_rounds_stored_failures(warm_policy, tmp_path):
+    """assets/rl.py reads the previous round's stored rollout_batches and verified_rewards (parquet,
+    as the round wrote them) and relabels them as the loop would."""
+    import pandas as pd
+
+    from assets.artifacts import write_bytes
+    from assets.resources import ArtifactStore
+    from assets.rl import hindsight_examples
+
+    tok = warm_policy.tokenizer
+    showed = episode(tok, [("print(17*23)", "391\n", None)], "<answer>319</answer>")
+    missed = {**episode(tok, [("print(17+23)", "40\n", None)], "<answer>40</answer>"), "trajectory_id": "r1-s1-g0-1"}
+    store = ArtifactStore(root=str(tmp_path / "store"), cache_dir=str(tmp_path / "cache"))
+    frames = {
+        "rollout_batches": pd.DataFrame([showed, missed]),
+        "verified_rewards": pd.DataFrame(
+            [
+                {"trajectory_id": showed["trajectory_id"], "outcome": 0.0},
+                {"trajectory_id": "r1-s1-g0-1", "outcome": 0.0},
+            ]
+        ),
+    }
+    for asset, frame in frames.items():
+        write_bytes(store.uri("assets", asset, "1.parquet"), frame.to_parquet(index=False), f"{asset}[1]")
+    [example] = hindsight_examples(store, 1, [TASK], tok)
+    expected = relabel(showed, 0.0, TASK, tok)
+    assert [int(i) for i in example["completion_ids"]] == expected["completion_ids"]
+    assert [int(m) for m in example["tool_mask"]] == expected["tool_mask"]
+    assert hindsight_examples(store, None, [TASK], tok) == [] and hindsight_examples(store, 2, [TASK], tok) == []
