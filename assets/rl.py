@@ -28,6 +28,7 @@ from dagster import (
     multi_asset,
 )
 
+from assets.artifacts import exists
 from assets.contracts import contract_check
 from assets.data import search_retriever
 from assets.io import read_stored_frame
@@ -138,10 +139,11 @@ def previous_pool(context: AssetExecutionContext, storage: ArtifactStore, round_
 
 
 def previous_rollouts(context: AssetExecutionContext, storage: ArtifactStore, round_index: int) -> int | None:
-    """The latest earlier round whose rollouts and rewards are stored (None before the first):
-    hindsight relabeling (rl.hindsight) starts a round from its corrected examples."""
+    """The latest earlier round whose rewards are stored (None before the first): hindsight
+    relabeling (rl.hindsight) starts a round from its corrected examples. Only looks; the round's
+    job reads the frames (`hindsight_examples`)."""
     for key in reversed(round_numbers(context.instance)):
-        if key < round_index and read_stored_frame(storage.uri("assets"), "verified_rewards", str(key)) is not None:
+        if key < round_index and exists(storage.uri("assets", "verified_rewards", f"{key}.parquet")):
             return key
     return None
 
@@ -256,9 +258,7 @@ def fit_round(
             device=cfg.device,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
             teacher=teacher_model,
-            hindsight_examples=hindsight_examples(storage, hindsight_from, tasks, tok)
-            if cfg.rl.hindsight.enabled
-            else None,
+            hindsight_examples=hindsight_examples(storage, hindsight_from, tasks, tok),
         )
     dp = DataParallel.current()
     uri = ""

@@ -861,8 +861,6 @@ def train_round(
         )
         return [r for rs, _ in groups for r in rs], [s for _, ss in groups for s in ss]
 
-    # The rollout engine serves the policy's current weights: HF shares its tensors, vLLM gets
-    # them pushed after every update (sync_weights), without a restart.
     def generate_ahead(prompts: list[dict], step: int) -> tuple[list[dict], list[dict], tuple]:
         """The next step's batch, on the background thread, with its verifier statistics taken
         there (the main thread takes none while it runs)."""
@@ -876,6 +874,8 @@ def train_round(
     trainer_view = model  # whose log-probs are the "old" ones in prepare_samples
     if ahead_of_update:
         model = copy.deepcopy(engines["policy"].model).requires_grad_(False).eval()
+    # The rollout engine serves the policy's current weights: HF shares its tensors, vLLM gets
+    # them pushed after every update (sync_weights), without a restart.
     rollout_engine = build_rollout_engine(rollout, model, tokenizer, seed=seed)
     background = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead") if ahead_of_update else None
     ahead: Future | None = None  # the next step's (records, scores), generating
@@ -984,7 +984,6 @@ def train_round(
                     _counts,
                     HINDSIGHT_METRICS,
                 )
-                update["hindsight/trained"] = float(len(rows))
             if samples and step > (rl.ppo.critic_warmup_steps if algo.critic else 0):
                 on_policy: dict[str, float] = {}
                 update |= run_update(
@@ -1006,6 +1005,8 @@ def train_round(
                     prefix="actor",
                     auxiliary=auxiliary,
                 )
+                if auxiliary is not None:  # only a step whose update ran trains its relabels
+                    update["hindsight/trained"] = float(len(auxiliary.rows))
                 prep_metrics |= on_policy_metrics(on_policy, dp)
                 if sampler is not None:  # gathered from the ZeRO-3 shards (a collective), into the whole copy
                     sampler.load_state_dict(engines["policy"].model_state_dict())
