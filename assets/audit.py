@@ -20,6 +20,7 @@ from assets.rl import rl_rounds
 from assets.sft import records
 from assets.tracking import MLflowTracker
 from configs import ConfigError, load_profile, parse_override
+from training.judge import judge_for
 from training.model import load_tokenizer
 from training.rl.scoring import disagreements, reward_summary, score_records, tier_table
 from verifiers.cascade import Cascade
@@ -72,7 +73,7 @@ def reward_audit(
     rows = records(rollout_batches)
     by_id = {t["task_id"]: t for t in records(training_tasks)}
     with sandbox.open() as box:
-        cascade = Cascade(audit_cfg, box, concurrency=cfg.sandbox.pool_size)
+        cascade = Cascade(audit_cfg, box, concurrency=cfg.sandbox.pool_size, judge=judge_for(audit_cfg))
         audited = score_records(rows, by_id, tok, cascade)
         stats, disagreed = cascade.take_stats()
     found = disagreements(records(verified_rewards), audited, rows, tok)

@@ -23,6 +23,7 @@ from training.agent.chat import prompt_ids
 from training.agent.engines import build_rollout_engine
 from training.data_parallel import DataParallel
 from training.evaluate import evaluate_policy, gate_scores, promotion_decision, suite_summary, summarize
+from training.judge import judge_for
 from verifiers.cascade import Cascade
 
 
@@ -43,7 +44,7 @@ def evaluate_checkpoint(
         tools = build_tools(
             sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k, retriever=search_retriever(storage, kb)
         )
-        cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)
+        cascade = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size, judge=judge_for(cfg.reward))
         common = dict(
             tools=tools,
             rollout=cfg.rollout,
@@ -108,7 +109,7 @@ def evaluate_suite(cfg, name: str, tasks: list[dict], engine, tok, tools, box, d
         )
     room = min(rollout.max_new_tokens_per_turn, 8)  # an answer needs a few tokens at least
     fits = [t for t in tasks if len(prompt_ids(tok, t, rollout.system_prompt)) + room <= rollout.max_total_tokens]
-    cascade = Cascade(reward, box, concurrency=cfg.sandbox.pool_size)
+    cascade = Cascade(reward, box, concurrency=cfg.sandbox.pool_size, judge=judge_for(reward))
     rows = dp.gather(
         evaluate_policy(
             engine,

@@ -20,6 +20,7 @@ from environments.search import kb_from_rows
 from training.agent.engines import build_rollout_engine
 from training.evaluate import evaluate_policy
 from training.graduation import GraduationReport, exam_tasks, grade
+from training.judge import judge_for
 from verifiers.cascade import Cascade
 
 
@@ -44,7 +45,7 @@ def sit_exam(
                 exam,
                 tools,
                 cfg.rollout,
-                Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size),
+                Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size, judge=judge_for(cfg.reward)),
                 samples_per_task=grad.samples_per_task,
                 temperature=cfg.rollout.temperature,  # as RL will sample
                 greedy=False,

@@ -44,6 +44,7 @@ from configs.schema import CollapseConfig
 from environments.families import build_tools
 from environments.search import kb_from_rows
 from training.data_parallel import DataParallel
+from training.judge import judge_for
 from training.lora import apply_lora, merged
 from training.model import save_checkpoint
 from training.rl.algorithms import resolve_algorithm
@@ -247,7 +248,7 @@ def fit_round(
             tools,
             rl=cfg.rl,
             rollout=cfg.rollout,
-            cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size),
+            cascade=Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size, judge=judge_for(cfg.reward)),
             round_index=round_index,
             policy_version=init_version,
             seed=cfg.seed * 1000 + round_index,

@@ -613,6 +613,35 @@ class ProcessConfig(_Strict):
         return self
 
 
+class JudgeConfig(_Strict):
+    """The cascade's judge tier (verifiers/judge.py, training/judge.py): a model that decides
+    open-ended tasks no rule can (a family that declares `open_ended`), never one a rule decides.
+    Its output is constrained to the rubric's two labels (the next-token probabilities of `yes`
+    and `no`, nothing generated), `votes` verdicts are sampled from that and the majority rules
+    (a tie is unscorable), and `max_calls_per_step` bounds its cost (past it: unscorable)."""
+
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="A pretrained name (training/model_sources.py), an HF folder, or a judge checkpoint of our own.",
+    )
+    rubric: str = Field(
+        "You check an answer against a reference. Reply with one word: yes if the answer states what the "
+        "reference states and nothing that contradicts it, no otherwise.",
+        min_length=1,
+        description="The judge's system prompt; it must ask for one word, yes or no.",
+    )
+    votes: int = Field(3, ge=1, description="Verdicts sampled per candidate; the majority rules, a tie is unscorable.")
+    temperature: float = Field(1.0, gt=0, description="Of the two-label distribution the votes are drawn from.")
+    max_calls_per_step: int = Field(
+        256, ge=1, description="Budget: candidates judged per RL step; the rest are unscorable."
+    )
+    max_prompt_tokens: int = Field(384, ge=32, description="A longer judge prompt is not judged (unscorable).")
+    batch_size: int = Field(16, ge=1)
+    seed: int = Field(
+        0, description="With the task and the answer, seeds the votes: a re-score gives the same verdict."
+    )
+
+
 class RewardConfig(_Strict):
     """reward = outcome_weight * outcome + sum of capped shaping terms (docs/verifiers.md).
     Outcome dominates: the caps of all shaping terms together stay below outcome_weight."""
@@ -632,6 +661,7 @@ class RewardConfig(_Strict):
     strict: StrictTierConfig = StrictTierConfig()
     max_answer_chars: int = Field(512, ge=1, description="Fast tier: a longer final answer is rejected unread.")
     process: ProcessConfig = ProcessConfig()
+    judge: JudgeConfig = JudgeConfig()
 
     @model_validator(mode="after")
     def _outcome_dominant(self) -> "RewardConfig":

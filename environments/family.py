@@ -36,6 +36,8 @@ from configs import ConfigError
 from configs.registry import Registry
 from configs.schema import FlywheelConfig, TeacherConfig, VerifierSpec
 from environments.base import Demonstration, KnowledgeBase, Step
+from verifiers import judge as _judge  # noqa: F401  (registers the judge, checked below)
+from verifiers.base import VERIFIERS
 
 FAMILIES = Registry("task family")
 
@@ -57,6 +59,9 @@ class TaskFamily(abc.ABC):
     default_verifier: ClassVar[VerifierSpec]  # the outcome verifier when reward.verifiers names none
     teacher_params: ClassVar[type[BaseModel]] = NoTeacherParams  # teacher.<name> in the profile
     needs_kb: ClassVar[bool] = False  # its tasks and teacher read the knowledge base
+    # No rule can decide its answers (free text against a reference): only it may use the judge
+    # tier (verifiers/judge.py), and its rows say so (metadata `open_ended`).
+    open_ended: ClassVar[bool] = False
 
     @abc.abstractmethod
     def generate_tasks(
@@ -172,6 +177,13 @@ def resolve_families(cfg: FlywheelConfig) -> FlywheelConfig:
         except ValidationError as exc:
             problems = "; ".join(f"teacher.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise ConfigError(problems) from None
+    for name, spec in cfg.reward.verifiers.items():
+        if spec.name in VERIFIERS and VERIFIERS.get(spec.name).needs_judge and not get_family(name).open_ended:
+            raise ConfigError(
+                f"reward.verifiers.{name}.name: {spec.name!r} is a judge, and {name} is decided by a rule "
+                f"({get_family(name).default_verifier.name!r}); the judge decides only open-ended families "
+                f"({', '.join(n for n in FAMILIES.names() if get_family(n).open_ended)})"
+            )
     missing = {n: get_family(n).default_verifier for n in cfg.data.families if n not in cfg.reward.verifiers}
     if not missing:
         return cfg

@@ -9,7 +9,8 @@ failed to start). `None` is counted and reported as *unscorable*, never silently
     def numeric(prediction, task, *, rel_tol=1e-6) -> Verdict: ...
 
 Verifiers that need the sandbox are registered with `needs_sandbox=True` and receive it as the
-keyword `sandbox`. A verifier may also register a `precheck` (cheap parse/schema check of the
+keyword `sandbox`; the judge (verifiers/judge.py) is registered with `needs_judge=True` and
+receives the cascade's judge model as `judge`. A verifier may also register a `precheck` (cheap parse/schema check of the
 candidate, run by the cascade's fast tier before the verifier itself) and a `task_check` (is the
 task's gold usable at all?); each returns a reason, or None.
 
@@ -43,6 +44,7 @@ class RegisteredVerifier:
     needs_sandbox: bool
     precheck: Callable[..., str | None] | None
     task_check: Callable[..., str | None] | None
+    needs_judge: bool = False
 
 
 VERIFIERS = Registry("verifier")  # name -> RegisteredVerifier
@@ -54,12 +56,13 @@ def register(
     needs_sandbox: bool = False,
     precheck: Callable[..., str | None] | None = None,
     task_check: Callable[..., str | None] | None = None,
+    needs_judge: bool = False,
 ):
     """`precheck(prediction, task, **params)` and `task_check(task, **params)` return a reason
     (the candidate, or the task's gold, cannot be checked) or None."""
 
     def decorate(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
-        VERIFIERS.add(name, RegisteredVerifier(name, fn, needs_sandbox, precheck, task_check))
+        VERIFIERS.add(name, RegisteredVerifier(name, fn, needs_sandbox, precheck, task_check, needs_judge))
         return fn
 
     return decorate
@@ -70,16 +73,17 @@ def get_verifier(name: str) -> RegisteredVerifier:
     return VERIFIERS.get(name)
 
 
-def run_verifier(name: str, prediction: str, task: Task, params: Mapping[str, Any], sandbox=None) -> Verdict:
+def run_verifier(
+    name: str, prediction: str, task: Task, params: Mapping[str, Any], sandbox=None, judge=None
+) -> Verdict:
     spec = get_verifier(name)
     if spec.needs_sandbox and sandbox is None:
         return Verdict(None, f"verifier {name!r} needs a sandbox and none was given")
+    if spec.needs_judge and judge is None:
+        return Verdict(None, f"verifier {name!r} needs a judge model and none was given")
+    resources = {"sandbox": sandbox} if spec.needs_sandbox else {"judge": judge} if spec.needs_judge else {}
     try:
-        verdict = (
-            spec.fn(prediction, task, sandbox=sandbox, **params)
-            if spec.needs_sandbox
-            else spec.fn(prediction, task, **params)
-        )
+        verdict = spec.fn(prediction, task, **resources, **params)
     except Exception as exc:  # noqa: BLE001 — a crash is unscorable, never reward
         return Verdict(None, f"verifier {name!r} raised {type(exc).__name__}: {str(exc)[:200]}")
     if verdict.score is not None and not (

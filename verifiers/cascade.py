@@ -3,8 +3,11 @@
     fast    the task's gold is usable; exactly one final answer, not empty, not enormous; the
             verifier's own precheck (parses as math, compiles under the code policy, ...)
     verify  the family's configured outcome verifier (math equivalence, EM/F1, sandboxed tests)
-    strict  optional: a stricter verifier (held-out tests, exact match, a judge registered as a
-            verifier) for the candidates a rule selects; its score replaces the main one
+    judge   open-ended families only (verifiers/judge.py): a judge model under a rubric, by
+            majority vote, at most reward.judge.max_calls_per_step candidates per step (counted
+            from one `take_stats` to the next); it never sees a task a rule decides
+    strict  optional: a stricter rule verifier (held-out tests, exact match) for the candidates a
+            rule selects; its score replaces the main one
 
 This is the verification ladder of background/002 (fast tier -> simulation -> high fidelity):
 most candidates of an early policy are rejected by the fast tier in microseconds, so the sandbox
@@ -30,10 +33,11 @@ from configs.registry import UnknownNameError
 from configs.schema import RewardConfig, VerifierSpec
 from verifiers import code_tests, math_verify, qa  # noqa: F401  (register the verifiers)
 from verifiers.base import Task, Verdict, get_verifier, run_precheck, run_task_check, run_verifier
+from verifiers.judge import request_of
 from verifiers.protocol import extract_answers
 from verifiers.shaping import Candidate, contribution, get_term
 
-TIERS = ("fast", "verify", "strict")
+TIERS = ("fast", "verify", "judge", "strict")
 
 
 @dataclass
@@ -63,14 +67,26 @@ class RewardBreakdown:
 
 
 class Cascade:
-    def __init__(self, cfg: RewardConfig, sandbox=None, concurrency: int = 1):
-        self.cfg, self.sandbox, self.concurrency = cfg, sandbox, max(1, concurrency)
+    def __init__(self, cfg: RewardConfig, sandbox=None, concurrency: int = 1, judge=None):
+        """`judge`: a verifiers.judge.Judge (training.judge.judge_for), needed when a family's
+        verifier is the judge."""
+        self.cfg, self.sandbox, self.concurrency, self.judge = cfg, sandbox, max(1, concurrency), judge
         for where, specs in (("reward.verifiers", cfg.verifiers), ("reward.strict.verifiers", cfg.strict.verifiers)):
             for family, spec in specs.items():
                 try:
-                    get_verifier(spec.name)
+                    registered = get_verifier(spec.name)
                 except UnknownNameError as exc:
                     raise ValueError(f"{where}.{family}.name: {exc.args[0]}") from None
+                if registered.needs_judge and where == "reward.strict.verifiers":
+                    raise ValueError(
+                        f"{where}.{family}.name: {spec.name!r} is a judge; the strict tier re-checks what a rule "
+                        "decided, and a judge never decides a task a rule can"
+                    )
+                if registered.needs_judge and judge is None:
+                    raise ValueError(
+                        f"{where}.{family}.name: {spec.name!r} needs a judge model; build the cascade with "
+                        "judge=training.judge.judge_for(cfg.reward)"
+                    )
         for name in cfg.terms:
             try:
                 get_term(name)
@@ -78,6 +94,7 @@ class Cascade:
                 raise ValueError(f"reward.terms.{name}: {exc.args[0]}") from None
         self.stats = {tier: TierStats() for tier in TIERS}
         self.disagreements = 0
+        self.judged = 0  # judge calls since the last take_stats: the budget's count
         self._task_checks: dict[tuple[str, str], str | None] = {}
 
     # -- the three tiers ----------------------------------------------------------------------
@@ -116,6 +133,22 @@ class Cascade:
         self.stats[tier].add(verdict, time.perf_counter() - start)
         return verdict
 
+    def _judge(self, answers: list[tuple[str, Task]]) -> list[Verdict]:
+        """The judge tier, batched; candidates past the step's budget are unscorable."""
+        budget = max(0, self.cfg.judge.max_calls_per_step - self.judged)
+        within, over = answers[:budget], answers[budget:]
+        start = time.perf_counter()
+        verdicts = self.judge.judge_many([request_of(answer, task) for answer, task in within]) if within else []
+        self.judged += len(within)
+        for verdict in verdicts:
+            self.stats["judge"].add(verdict, (time.perf_counter() - start) / len(verdicts))
+        spent = Verdict(
+            None, f"judge budget spent: reward.judge.max_calls_per_step={self.cfg.judge.max_calls_per_step}"
+        )
+        for _ in over:
+            self.stats["judge"].add(spent, 0.0)
+        return [*verdicts, *[spent] * len(over)]
+
     def _selected_for_strict(self, family: str, verdict: Verdict, key: str) -> bool:
         strict = self.cfg.strict
         if family not in strict.verifiers or verdict.score is None:
@@ -143,6 +176,10 @@ class Cascade:
             else:
                 pending.append((i, spec, answer))
         failpoint("rl.verify")
+        judged = [p for p in pending if get_verifier(p[1].name).needs_judge]
+        for (i, _, _), verdict in zip(judged, self._judge([(p[2], items[p[0]][1]) for p in judged])):
+            verdicts[i], tiers[i] = verdict, "judge"
+        pending = [p for p in pending if not get_verifier(p[1].name).needs_judge]
         # The main tier: concurrent when the verifier runs in the sandbox (its pool bounds it).
         sandboxed = [p for p in pending if get_verifier(p[1].name).needs_sandbox]
         inline = [p for p in pending if not get_verifier(p[1].name).needs_sandbox]
@@ -188,7 +225,7 @@ class Cascade:
     def take_stats(self) -> tuple[dict[str, TierStats], int]:
         """The counts since the last call, and start counting afresh (one RL step's worth)."""
         taken = (self.stats, self.disagreements)
-        self.stats, self.disagreements = {tier: TierStats() for tier in TIERS}, 0
+        self.stats, self.disagreements, self.judged = {tier: TierStats() for tier in TIERS}, 0, 0
         return taken
 
 

@@ -1,0 +1,78 @@
+"""The judge model (training/judge.py) on SmolLM2-135M-Instruct: constrained to its two labels,
+batched exactly, seeded, bounded; what it is worth as a judge is benchmarks/judge_agreement.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from configs.schema import JudgeConfig, RewardConfig, VerifierSpec
+from training.judge import ModelJudge, judge_for
+from verifiers.judge import JudgeRequest
+
+pytestmark = [pytest.mark.methods, pytest.mark.realmodel]
+
+REQUESTS = [
+    JudgeRequest("Describe Tavo Kimu in one sentence.", "Tavo Kimu was born in Deni. Tavo Kimu works for Mino.", a, a)
+    for a in ("Tavo Kimu works for Mino.", "Born in Vavo, Tavo Kimu works at Lodi, a company of many names.", "Deni")
+]
+
+
+@pytest.fixture(scope="module")
+def judge(smollm2_folder):
+    return ModelJudge(JudgeConfig(model=str(smollm2_folder), votes=5, batch_size=3))
+
+
+def test_labels_are_read_off_the_next_token_and_batching_changes_nothing(judge):
+    prompts = [judge.prompt_ids(r) for r in REQUESTS]
+    assert len({len(p) for p in prompts}) == 3  # left padding is exercised
+    batched = judge.label_logprobs(prompts)
+    alone = [judge.label_logprobs([p])[0] for p in prompts]
+    assert [x for pair in batched for x in pair] == pytest.approx([x for pair in alone for x in pair], abs=1e-4)
+    with torch.no_grad():  # by hand: the full softmax at the last position, summed over spellings
+        logp = torch.log_softmax(judge.model(torch.tensor([prompts[0]])).logits[0, -1], -1)
+    by_hand = [float(torch.logsumexp(logp[judge.label_ids[label]], 0)) for label in ("yes", "no")]
+    assert list(alone[0]) == pytest.approx(by_hand, abs=1e-4)
+    assert {"yes", "no"} == set(judge.label_ids) and all(judge.label_ids.values())
+
+
+def test_verdicts_are_seeded_majorities_and_a_long_prompt_is_not_judged(judge):
+    first, again = judge.judge_many(REQUESTS), judge.judge_many(REQUESTS)
+    assert first == again  # a stored round re-scores to the same verdicts
+    for verdict in first:
+        assert (
+            verdict.score in (0.0, 1.0)
+            and verdict.details.startswith("judge: ")
+            and "/5 yes (p_yes " in verdict.details
+        )
+    long = JudgeRequest("q", "r", "word " * 400, "long")
+    [refused] = judge.judge_many([long])
+    assert refused.score is None and "reward.judge.max_prompt_tokens=384" in refused.details
+
+
+def test_judge_for_builds_one_judge_only_when_a_family_needs_it(smollm2_folder):
+    assert judge_for(RewardConfig()) is None  # the rule families only
+    cfg = RewardConfig(verifiers={"explain": VerifierSpec(name="judge")}, judge=JudgeConfig(model=str(smollm2_folder)))
+    assert judge_for(cfg) is judge_for(cfg)
+    with pytest.raises(ValueError, match=r"reward.judge.model: .* has no chat template"):
+        ModelJudge(JudgeConfig(model=str(_no_template(smollm2_folder))))
+
+
+def _no_template(folder):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    copy = Path(tempfile.mkdtemp()) / "no-template"
+    shutil.copytree(folder, copy)
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        path = copy / name
+        if name == "chat_template.jinja":
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            import json
+
+            cfg = json.loads(path.read_text())
+            cfg.pop("chat_template", None)
+            path.write_text(json.dumps(cfg))
+    return copy

