@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 PROFILE_MODELS = $(shell python3 scripts/fetch_model.py --named-in configs/$(or $(PROFILE),$(shell python3 scripts/home_profile.py),tiny).yaml)
 PROFILE_ARG = $(if $(PROFILE),--profile $(PROFILE),)
 
-.PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz models promote rollback serve clean
+.PHONY: setup run resume test lint dagster-ui mlflow-ui audit fuzz judge models promote rollback serve clean
 setup:
 	@bash scripts/setup.sh $(foreach model,$(PROFILE_MODELS),--model $(model))
 
@@ -50,6 +50,12 @@ audit: setup
 # Wrong answers through the training reward (docs/reward-fuzz.md): make fuzz [ARGS='--attempts 100000 --families code']
 fuzz: setup
 	$(PY) benchmarks/reward_fuzz.py $(ARGS)
+
+# A judge of our own for the judge tier (docs/verifiers.md#the-judge-tier), fine-tuned from SmolLM2 on
+# rule-labelled verdicts: make judge [ARGS='--steps 150'], then --set reward.judge.model=<home>/judge
+judge: setup
+	@bash scripts/setup.sh --model smollm2-135m-instruct
+	$(PY) -m training.judge_sft $(PROFILE_ARG) --out "$$FLYWHEEL_HOME/judge" $(ARGS)
 
 # Model registry (README "Model registry"): make models | make promote VERSION=3 [FORCE=1] | make rollback
 models: setup

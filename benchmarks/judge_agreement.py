@@ -138,7 +138,7 @@ def rule_outcomes(cfg, sandbox, items) -> list[float | None]:
 def agreement_section(cfg, judge, sandbox, args, votes) -> dict:
     report = {}
     for family in RULE_FAMILIES:
-        world = build_world(family, cfg, args.tasks, args.seed)
+        world = build_world(family, cfg, args.tasks, args.seed, args.trained_on)
         by_id = {t["task_id"]: t for t in world.tasks}
         items = [(candidate(demo_turns(d), family), by_id[d.task_id]) for ds in world.demos.values() for d in ds]
         rule = rule_outcomes(cfg, sandbox, items)
@@ -158,7 +158,7 @@ def agreement_section(cfg, judge, sandbox, args, votes) -> dict:
 def attack_section(cfg, judge, sandbox, args, votes) -> dict:
     rng, report = random.Random(args.seed), {}
     for family in RULE_FAMILIES:
-        world = build_world(family, cfg, args.tasks, args.seed + 1)
+        world = build_world(family, cfg, args.tasks, args.seed + 1, args.trained_on)
         for name, klass in sorted(ATTACKS[family].items()):
             items = []
             for task in world.tasks:
@@ -199,7 +199,13 @@ def explain_attacks(name: str, question: str, kb, rng) -> dict[str, str]:
 def explain_section(cfg, judge, args, votes) -> dict:
     kb = families.make_kb(cfg.data.knowledge_base, cfg.data.seed)
     rows = get_family("explain").generate_tasks(
-        args.tasks, seed=args.seed, split="benchmark", levels=(1,), level_weights=None, exclude_ids=frozenset(), kb=kb
+        args.tasks,
+        seed=args.seed,
+        split="benchmark",
+        levels=(1,),
+        level_weights=None,
+        exclude_ids=args.trained_on,
+        kb=kb,
     )
     rng = random.Random(args.seed)
     kinds: dict[str, list] = defaultdict(list)
@@ -245,7 +251,8 @@ def pct(t) -> str:
 def to_markdown(result: dict) -> str:
     lines = [
         f"Judge tier: `{result['model']}` as judge, profile `{result['profile']}`, seed {result['seed']}, "
-        f"{result['tasks']} tasks per family, commit {result['commit']}. Command: `{result['command']}`.",
+        f"{result['tasks']} tasks per family ({result['excluded']} tasks the judge was trained on excluded), "
+        f"commit {result['commit']}. Command: `{result['command']}`.",
         "",
         "**Agreement with the rule verifiers** (the teacher's answers; \"correct\" = the rule's 1; 95% Wilson CIs):",
         "",
@@ -292,6 +299,9 @@ def main(argv: list[str]) -> int:
     cfg = load_profile(args.profile)
     judge_cfg = cfg.reward.judge if args.model is None else cfg.reward.judge.model_copy(update={"model": args.model})
     votes = sorted(int(v) for v in args.votes.split(","))
+    # A judge of our own (training/judge_sft.py) lists the tasks it was trained on: evaluate on others.
+    record = Path(judge_cfg.model).expanduser() / "judge_training.json"
+    args.trained_on = frozenset(json.loads(record.read_text())["task_ids"]) if record.is_file() else frozenset()
     judge = ModelJudge(judge_cfg)
     sandbox = None  # arithmetic (math) and search (exact match) are decided without one
     result = {
@@ -299,6 +309,7 @@ def main(argv: list[str]) -> int:
         "profile": args.profile,
         "seed": args.seed,
         "tasks": args.tasks,
+        "excluded": len(args.trained_on),
         "commit": commit(),
         "command": "benchmarks/judge_agreement.py " + " ".join(argv),
         "agreement": agreement_section(cfg, judge, sandbox, args, votes),

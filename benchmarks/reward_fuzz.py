@@ -271,12 +271,17 @@ def scorers_for(family: str, fc: FuzzConfig, sandbox, watchdog: Watchdog) -> lis
 # --- the world of a family ---------------------------------------------------------------------------
 
 
-def build_world(family: str, cfg: FlywheelConfig, n_tasks: int, seed: int) -> World:
+def build_world(
+    family: str, cfg: FlywheelConfig, n_tasks: int, seed: int, exclude_ids: frozenset[str] = frozenset()
+) -> World:
     """Tasks of the family's generator (the profile's levels and knowledge base) and the teacher's
-    demonstrations of them, detours included: the realistic trajectories mutations start from."""
+    demonstrations of them, detours included: the realistic trajectories mutations start from.
+    `exclude_ids`: tasks a model under test was trained on (benchmarks/judge_agreement.py)."""
     kb = families.make_kb(cfg.data.knowledge_base, cfg.data.seed) if family == "search" else None
     fam = cfg.data.families.get(family)
-    rows = families.generate_tasks(family, n_tasks, seed=seed, split="train", levels=fam.levels if fam else None, kb=kb)
+    rows = families.generate_tasks(
+        family, n_tasks, seed=seed, split="train", levels=fam.levels if fam else None, kb=kb, exclude_ids=exclude_ids
+    )
     demos = list(families.demonstrations(family, rows, 3 * len(rows), seed=seed, teacher=cfg.teacher, kb=kb))
     demos = families.with_detours(family, demos, {t["task_id"]: t for t in rows}, cfg.teacher, seed=seed, kb=kb)
     by_task = defaultdict(list)

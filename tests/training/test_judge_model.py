@@ -76,3 +76,31 @@ def _no_template(folder):
             cfg.pop("chat_template", None)
             path.write_text(json.dumps(cfg))
     return copy
+
+
+def test_a_judge_of_our_own_learns_the_rules_verdicts(smollm2_folder):
+    """training/judge_sft.py: rule-labelled examples, and the label loss falls when trained on them."""
+    import random
+
+    from configs import load_profile
+    from environments import families
+    from training.judge_sft import balanced, label_logits, rule_examples, train
+
+    cfg = load_profile("smol")
+    kb = families.make_kb(cfg.data.knowledge_base, cfg.data.seed)
+    examples = rule_examples(cfg, "search", 6, 0, kb)
+    for request, label in examples:  # labelled by exact match against the gold
+        assert label == int(request.answer.lower() == request.reference.lower())
+    examples = balanced(examples, random.Random(0))[:8] if len(examples) > 8 else examples
+    assert {label for _, label in examples} == {0, 1}
+    judge = ModelJudge(JudgeConfig(model=str(smollm2_folder)))
+    targets = torch.tensor([0 if y else 1 for _, y in examples])
+
+    def loss() -> float:
+        with torch.no_grad():
+            logits = label_logits(judge, [judge.prompt_ids(r) for r, _ in examples])
+            return float(torch.nn.functional.cross_entropy(logits, targets))
+
+    before = loss()
+    train(judge, examples, steps=8, batch_size=len(examples), lr=3e-4, train_layers=2, seed=0)
+    assert loss() < before - 0.1
