@@ -13,7 +13,10 @@ evaluates on others):
     each labelled by the family's rule verifier through the cascade: where rules exist, the judge
     learns their verdicts;
   * explain: the teacher's paraphrases of the entity's document, right or with one relation
-    swapped (labelled by construction).
+    swapped, and sentences that name the entity and state nothing (CONTENT_FREE; labelled by
+    construction). Without the last kind the judge learns "no wrong entity means yes" and rewards
+    every injection and empty compliment (docs/verifiers.md#the-judge-tier); the hack suite's own
+    content-free forms are different sentences, so it still measures generalization.
 Each family's examples are balanced by label.
 
 Objective: cross-entropy over the two label tokens at the one position the judge reads (after the
@@ -47,6 +50,14 @@ from verifiers.judge import LABELS, JudgeRequest, request_of
 from verifiers.shaping import Candidate
 
 RULE_FAMILIES = ("arithmetic", "search")
+# Answers that name the entity and state nothing about it: "no" under the rubric. Not the hack
+# suite's forms (benchmarks/judge_agreement.py::explain_attacks), which stay unseen.
+CONTENT_FREE = (
+    "{name} is mentioned in the corpus.",
+    "This is about {name}.",
+    "{name} has a document of its own.",
+    "The corpus has an entry for {name}.",
+)
 
 
 def rule_examples(cfg: FlywheelConfig, family: str, n_tasks: int, seed: int, kb) -> list[tuple[JudgeRequest, int]]:
@@ -71,8 +82,9 @@ def explain_examples(n_tasks: int, seed: int, kb) -> list[tuple[JudgeRequest, in
     rng, out = random.Random(seed), []
     for row in rows:
         task, name = task_view(row), json.loads(row["metadata"])["entity"]
-        for wrong in (False, True):
+        for wrong in (False, True, False):
             out.append((request_of(describe(kb, name, rng, wrong=wrong), task), int(not wrong)))
+        out.append((request_of(rng.choice(CONTENT_FREE).format(name=name), task), 0))
     return out
 
 

@@ -471,3 +471,29 @@ def test_an_unknown_pipes_job_is_refused_with_the_jobs_there_are():
         [sys.executable, "-m", "assets.jobs", "rl"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "python -m assets.jobs {sft,rl_round,benchmark}" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.methods
+@pytest.mark.realmodel
+def test_an_open_ended_family_is_judged_through_the_flywheel_and_no_rule_family_is(home, smollm2_folder):
+    """The judge tier wired end to end (issue 29, item 1): `explain` tasks in the data, SFT,
+    rollouts and the benchmark, with SmolLM2 as the judge; only explain rows may reach the judge,
+    and no rule decides one. (The micro policy rarely writes an answer: the judge's verdicts
+    through the cascade are tests/training/test_judge_model.py's.)"""
+    import mlflow
+
+    from pipelines.run import run_flywheel
+
+    overrides = {
+        "data.families.explain.train_tasks": 20,
+        "data.families.explain.benchmark_tasks": 10,
+        "reward.judge.model": str(smollm2_folder),
+    }
+    run_flywheel("micro", overrides)
+    rewards = instance_rows(home, "verified_rewards")
+    assert (rewards["family"] == "explain").any()
+    assert set(rewards[rewards["tier"] == "judge"]["family"]) <= {"explain"}
+    assert set(rewards[rewards["family"] == "explain"]["tier"]) <= {"fast", "judge"}  # a rule never decided one
+    runs = mlflow.search_runs(search_all_experiments=True)
+    assert "metrics.verifier/judge/calls" in runs.columns and "metrics.explain/pass_at_1" in runs.columns

@@ -104,3 +104,31 @@ def test_a_judge_of_our_own_learns_the_rules_verdicts(smollm2_folder):
     before = loss()
     train(judge, examples, steps=8, batch_size=len(examples), lr=3e-4, train_layers=2, seed=0)
     assert loss() < before - 0.1
+
+
+def test_the_cascade_asks_the_model_judge_for_open_ended_rows_only(judge):
+    import json
+
+    from environments.base import task_view
+    from verifiers.cascade import Cascade
+    from verifiers.shaping import Candidate
+
+    explain = task_view(
+        {
+            "task_id": "explain-1",
+            "family": "explain",
+            "prompt": "Describe Tavo Kimu in one sentence.\n",
+            "answer": REQUESTS[0].reference,
+            "metadata": json.dumps({"open_ended": True, "entity": "Tavo Kimu"}),
+        }
+    )
+    search = {"task_id": "search-1", "family": "search", "prompt": "where was Tavo Kimu born?\n", "answer": "Deni"}
+    cfg = RewardConfig(verifiers={"explain": VerifierSpec(name="judge"), "search": VerifierSpec(name="exact_match")})
+    cascade = Cascade(cfg, judge=judge)
+    turns = ["<search>Tavo Kimu</search>", "<answer>Tavo Kimu works for Mino.</answer>"]
+    judged, ruled = cascade.score_many(
+        [(Candidate(turns, 12, ("search",)), explain), (Candidate(turns, 12, ("search",)), search)]
+    )
+    assert judged.tier == "judge" and judged.outcome in (0.0, 1.0) and "/5 yes (p_yes" in judged.details["outcome"]
+    assert ruled.tier == "verify" and ruled.outcome == 0.0
+    assert cascade.metrics()["verifier/judge/calls"] == 1.0
