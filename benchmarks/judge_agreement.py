@@ -101,7 +101,6 @@ def candidate(turns: list[str], family: str) -> Candidate:
 
 
 def demo_turns(demo) -> list[str]:
-    open_, close = None, None
     turns = []
     for step in demo.steps:
         open_, close = TOOL_TAGS[step.tool]

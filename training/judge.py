@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 
 import torch
 
@@ -53,18 +54,21 @@ class ModelJudge:
         )
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
+    def left_padded(self, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Model inputs for a batch: left padding, positions counted from each row's first token."""
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
     @torch.no_grad()
     def label_logprobs(self, prompts: list[list[int]]) -> list[tuple[float, float]]:
         """(log P(yes), log P(no)) at the next token of each prompt, in batches."""
         out: list[tuple[float, float]] = []
         yes, no = (torch.tensor(self.label_ids[label]) for label in LABELS)
         for start in range(0, len(prompts), self.cfg.batch_size):
-            batch = prompts[start : start + self.cfg.batch_size]
-            width = max(map(len, batch))
-            ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in batch])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+            batch = self.left_padded(prompts[start : start + self.cfg.batch_size])
+            logits = self.model(**batch).logits[:, -1].float()
             logp = torch.log_softmax(logits, dim=-1)
             out += zip(torch.logsumexp(logp[:, yes], -1).tolist(), torch.logsumexp(logp[:, no], -1).tolist())
         return out
@@ -72,12 +76,24 @@ class ModelJudge:
     def judge_many(self, requests: list[JudgeRequest]) -> list[Verdict]:
         verdicts: list[Verdict | None] = [None] * len(requests)
         prompts, rows = [], []
+        limit = self.cfg.max_prompt_tokens
         for i, request in enumerate(requests):
             ids = self.prompt_ids(request)
-            if len(ids) > self.cfg.max_prompt_tokens:
-                verdicts[i] = Verdict(
-                    None,
-                    f"judge prompt of {len(ids)} tokens > reward.judge.max_prompt_tokens={self.cfg.max_prompt_tokens}",
+            if len(ids) > limit:
+                # The policy's answer made it too long: a 0, never unscorable, or a wrong answer
+                # padded with many-token characters would escape its 0 (its group dropped).
+                # Only a task whose question and reference alone are too long is unscorable.
+                bare = len(self.prompt_ids(replace(request, answer="")))
+                verdicts[i] = (
+                    Verdict(
+                        0.0,
+                        f"the answer makes the judge prompt {len(ids)} tokens > reward.judge.max_prompt_tokens={limit}",
+                    )
+                    if bare <= limit
+                    else Verdict(
+                        None,
+                        f"judge prompt of {bare} tokens without the answer > reward.judge.max_prompt_tokens={limit}",
+                    )
                 )
             else:
                 prompts.append(ids)

@@ -104,10 +104,7 @@ def training_set(cfg: FlywheelConfig, n_tasks: int, seed: int) -> dict[str, list
 
 def label_logits(judge: ModelJudge, prompts: list[list[int]]) -> torch.Tensor:
     """(batch, 2): the logsumexp of each label's spellings' logits at the next position."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[judge.pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    hidden = judge.model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    hidden = judge.model.model(**judge.left_padded(prompts))
     last = hidden.last_hidden_state[:, -1]
     weight = judge.model.lm_head.weight
     return torch.stack([torch.logsumexp(last @ weight[judge.label_ids[label]].T, -1) for label in LABELS], -1)

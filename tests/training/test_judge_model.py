@@ -36,7 +36,7 @@ def test_labels_are_read_off_the_next_token_and_batching_changes_nothing(judge):
     assert {"yes", "no"} == set(judge.label_ids) and all(judge.label_ids.values())
 
 
-def test_verdicts_are_seeded_majorities_and_a_long_prompt_is_not_judged(judge):
+def test_verdicts_are_seeded_majorities_and_an_overlong_answer_is_a_zero(judge):
     first, again = judge.judge_many(REQUESTS), judge.judge_many(REQUESTS)
     assert first == again  # a stored round re-scores to the same verdicts
     for verdict in first:
@@ -45,9 +45,14 @@ def test_verdicts_are_seeded_majorities_and_a_long_prompt_is_not_judged(judge):
             and verdict.details.startswith("judge: ")
             and "/5 yes (p_yes " in verdict.details
         )
-    long = JudgeRequest("q", "r", "word " * 400, "long")
-    [refused] = judge.judge_many([long])
-    assert refused.score is None and "reward.judge.max_prompt_tokens=384" in refused.details
+    # A wrong answer padded with many-token characters (500 chars, within reward.max_answer_chars)
+    # is a 0, not unscorable: unscorable would drop its group and spare it the 0.
+    padded = JudgeRequest(REQUESTS[0].question, REQUESTS[0].reference, "\u00ff" * 500, "padded")
+    [zero] = judge.judge_many([padded])
+    assert zero.score == 0.0 and "the answer makes the judge prompt" in zero.details
+    long_task = JudgeRequest("q " * 400, "r", "Tavo", "long task")  # the task's own text is too long
+    [refused] = judge.judge_many([long_task])
+    assert refused.score is None and "without the answer > reward.judge.max_prompt_tokens=384" in refused.details
 
 
 def test_judge_for_builds_one_judge_only_when_a_family_needs_it(smollm2_folder):
