@@ -38,6 +38,9 @@ METHODS: dict[str, dict] = {
     "hindsight": {"rl.hindsight.enabled": True},
     # step t+1 generated during step t's update, by the weights before it; TIS corrects the lag
     "one_step_off": {"rl.one_step_off_policy": True, "rl.tis_cap": 2.0},
+    # RL on the open-ended families too (data.families.explain in --set), rewarded by the judge
+    # (--judge: its model); every other method trains on the rule families only
+    "judge": {},
 }
 
 
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--teacher", type=Path, help="the distill methods' teacher: a checkpoint folder")
+    parser.add_argument("--judge", type=Path, help="the judge method's judge model (make judge's checkpoint)")
     parser.add_argument(
         "--eval-every", type=int, default=0, help="also score every K steps on --eval-tasks held-out tasks (a curve)"
     )
@@ -64,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--methods: unknown {unknown}; known: {sorted(METHODS)}")
     if any(METHODS[m].get("rl.distill.enabled") for m in methods) and args.teacher is None:
         parser.error("--teacher: the distill methods need a teacher checkpoint folder")
+    if "judge" in methods and args.judge is None:
+        parser.error("--judge: the judge method needs a judge model folder (make judge)")
+    if args.judge is not None:
+        overrides["reward.judge.model"] = str(args.judge)
+        cfg = load_profile(args.profile, overrides)
     if "plain" not in methods:
         methods = ["plain", *methods]  # every gain is paired against it
 
@@ -71,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from assets.resources import SandboxResource
     from environments.families import build_tools
+    from environments.family import get_family
     from environments.search import kb_from_rows
     from training.evaluate import mean_ci, paired_difference
+    from training.judge import judge_for
     from training.model import load_policy, load_tokenizer
     from training.rl.algorithms import resolve_algorithm
     from training.rl.loop import train_round
@@ -81,17 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.threads)
     training_tasks, benchmark_tasks, knowledge_base, sft = foundation(args.profile, overrides, args.home)
     sft_path = Path(sft["uri"])
-    tasks, bench = training_tasks.to_dict("records"), held_out(benchmark_tasks, cfg)
+    tasks, everything = training_tasks.to_dict("records"), held_out(benchmark_tasks, cfg)
+    # pass@1 and its paired CIs are over the rule-decided families; the open-ended ones (judged)
+    # are scored apart, so no gain is a judge's opinion
+    open_ended = {f for f in cfg.data.families if get_family(f).open_ended}
+    bench = [t for t in everything if t["family"] not in open_ended]
+    judged_bench = [t for t in everything if t["family"] in open_ended]
     kb = kb_from_rows(knowledge_base.to_dict("records"))
     tok = load_tokenizer(sft_path)
     rows, curves, scores_of = [], {}, {}
     with SandboxResource.from_config(cfg.sandbox).open() as box:
         tools = build_tools(sandbox=box, kb=kb, top_k=cfg.data.knowledge_base.top_k)
-        judge = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size)  # the same evaluation for every method
+        # the same evaluation for every method
+        scorer = Cascade(cfg.reward, box, concurrency=cfg.sandbox.pool_size, judge=judge_for(cfg.reward))
 
-        evaluate = evaluator(cfg, tok, bench, tools, judge)
+        evaluate = evaluator(cfg, tok, bench, tools, scorer)
+        evaluate_judged = evaluator(cfg, tok, judged_bench, tools, scorer) if judged_bench else None
         subset = bench[:: max(1, len(bench) // args.eval_tasks)][: args.eval_tasks]
-        quick = evaluator(cfg, tok, subset, tools, judge)
+        quick = evaluator(cfg, tok, subset, tools, scorer)
 
         def subset_pass(model) -> float:
             training = model.training
@@ -145,11 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                     policy,
                     reference,
                     tok,
-                    tasks,
+                    tasks if name == "judge" else [t for t in tasks if t["family"] not in open_ended],
                     tools,
                     rl=mcfg.rl,
                     rollout=mcfg.rollout,
-                    cascade=Cascade(mcfg.reward, box, concurrency=mcfg.sandbox.pool_size),
+                    cascade=Cascade(mcfg.reward, box, concurrency=mcfg.sandbox.pool_size, judge=judge_for(mcfg.reward)),
                     round_index=1,
                     policy_version="sft",
                     seed=seed * 1000 + 1,
@@ -172,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                     # it after the previous update when generated ahead (rl.one_step_off_policy)
                     "rollout_wait_s": _mean(result.history, "perf/generate_s"),
                     "final_entropy": result.history[-1].get("actor/entropy"),
+                    # the open-ended families' pass@1 as the judge scores it (not in the gains)
+                    "judged_pass_at_1": _mean_score(evaluate_judged(policy)) if evaluate_judged else None,
                     "mean_tool_error_rate": _mean(result.history, "rollout/tool_error_rate"),
                     "eval_curve": curve,
                     "steps_to_teacher": next((st for st, p in curve if p >= teacher_pass), None)
@@ -215,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _mean_score(scores: dict[str, float]) -> float:
+    return sum(scores.values()) / max(1, len(scores))
+
+
 def _ci(values: list[float] | None) -> str:
     return f"**{values[0]:+.3f}** [{values[1]:+.3f}, {values[2]:+.3f}]" if values else "-"
 
@@ -227,8 +251,8 @@ def _reached(row: dict) -> str:
 
 def to_markdown(rows: list[dict]) -> str:
     lines = [
-        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step | of which waiting for rollouts | steps to the teacher's pass@1 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | seed | pass@1 [95% CI] | vs plain loop [paired 95% CI] | vs SFT [paired 95% CI] | RL minutes | s / step | of which waiting for rollouts | steps to the teacher's pass@1 | judged pass@1 (open-ended) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         minutes = f"{r['rl_minutes']:.1f}" if "rl_minutes" in r else "-"
@@ -237,7 +261,10 @@ def to_markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['method']} | {r['seed'] if r['seed'] is not None else '-'} "
             f"| {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {_ci(r.get('gain_over_plain'))} "
-            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} |"
+            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} "
+            f"| {r['judged_pass_at_1']:.3f} |"
+            if r.get("judged_pass_at_1") is not None
+            else f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} | - |"
         )
     return "\n".join(lines)
 
