@@ -62,7 +62,7 @@ def evaluator(cfg, tok, bench: list[dict], tools, cascade):
 
     def evaluate(model) -> dict[str, float]:
         rows = evaluate_policy(
-            HFEngine(model),
+            HFEngine(model, tok),  # the tokenizer: stop strings (smol)
             tok,
             bench,
             tools,
