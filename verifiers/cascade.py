@@ -138,7 +138,11 @@ class Cascade:
         budget = max(0, self.cfg.judge.max_calls_per_step - self.judged)
         within, over = answers[:budget], answers[budget:]
         start = time.perf_counter()
-        verdicts = self.judge.judge_many([request_of(answer, task) for answer, task in within]) if within else []
+        try:
+            verdicts = self.judge.judge_many([request_of(answer, task) for answer, task in within]) if within else []
+        except Exception as exc:  # noqa: BLE001 — as in run_verifier: a crash is unscorable, never reward
+            crashed = Verdict(None, f"judge raised {type(exc).__name__}: {str(exc)[:200]}")
+            verdicts = [crashed] * len(within)
         self.judged += len(within)
         for verdict in verdicts:
             self.stats["judge"].add(verdict, (time.perf_counter() - start) / len(verdicts))

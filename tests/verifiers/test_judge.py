@@ -125,6 +125,18 @@ def test_the_budget_leaves_the_rest_unscorable_until_the_next_step():
     assert [s.outcome for s in cascade.score_many(items[:1])] == [1.0]  # a new step, a new budget
 
 
+class CrashingJudge:
+    def judge_many(self, requests):
+        raise RuntimeError("out of memory")
+
+
+def test_a_judge_that_crashes_leaves_its_candidates_unscorable_and_the_rules_decide_the_rest():
+    cascade = Cascade(reward(), judge=CrashingJudge())
+    explained, searched = cascade.score_many([(answer("Tavo Kimu works for Mino."), EXPLAIN), (answer("Deni"), SEARCH)])
+    assert explained.outcome is None and "judge raised RuntimeError: out of memory" in explained.details["outcome"]
+    assert searched.outcome == 1.0
+
+
 def test_a_judge_is_refused_in_the_strict_tier_and_required_where_configured():
     with pytest.raises(ValueError, match=r"reward.verifiers.explain.name: 'judge' needs a judge model"):
         Cascade(reward())
