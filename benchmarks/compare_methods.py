@@ -127,6 +127,29 @@ def main(argv: list[str] | None = None) -> int:
         sft_scores = evaluate(load_policy(sft_path, cfg.model.dtype))
         mean, low, high = mean_ci(list(sft_scores.values()), cfg.benchmark.confidence)
         rows.append({"method": "sft", "seed": None, "pass_at_1": mean, "ci": [low, high]})
+
+        def save() -> Path:
+            """The results so far: written after every row, so a stopped run keeps its finished rows."""
+            args.out.mkdir(parents=True, exist_ok=True)
+            stem = args.out / f"methods-{args.profile}{args.tag}"
+            meta = {
+                "profile": args.profile,
+                "overrides": overrides,
+                "methods": {m: METHODS[m] for m in methods},
+                "benchmark_tasks": len(bench),
+                "teacher": str(args.teacher) if args.teacher else None,
+                "teacher_subset_pass_at_1": teacher_pass,
+                "eval_every": args.eval_every,
+                "eval_tasks": len(subset),
+                "steps": cfg.rl.steps_per_round,
+                "command": " ".join(["benchmarks/compare_methods.py", *(argv if argv is not None else sys.argv[1:])]),
+            }
+            stem.with_suffix(".json").write_text(
+                json.dumps({"meta": meta, "rows": rows, "histories": curves}, indent=1)
+            )
+            stem.with_suffix(".md").write_text(to_markdown(rows) + "\n")
+            return stem
+
         for seed in seeds:
             for name in methods:
                 mcfg = load_profile(args.profile, {**overrides, **METHODS[name]})
@@ -203,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["gain_over_plain"] = list(paired_difference(scores, plain, cfg.benchmark.confidence))
                 rows.append(row)
                 curves[f"{name}/{seed}"] = result.history
+                save()
                 print(
                     f"[methods] {name} seed {seed}: pass@1 {mean:.3f} [{low:.3f}, {high:.3f}]"
                     + (
@@ -213,23 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                     + f" ({minutes:.1f} min)",
                     flush=True,
                 )
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"methods-{args.profile}{args.tag}"
-    meta = {
-        "profile": args.profile,
-        "overrides": overrides,
-        "methods": {m: METHODS[m] for m in methods},
-        "benchmark_tasks": len(bench),
-        "teacher": str(args.teacher) if args.teacher else None,
-        "teacher_subset_pass_at_1": teacher_pass,
-        "eval_every": args.eval_every,
-        "eval_tasks": len(subset),
-        "steps": cfg.rl.steps_per_round,
-        "command": " ".join(["benchmarks/compare_methods.py", *(argv if argv is not None else sys.argv[1:])]),
-    }
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "histories": curves}, indent=1))
+    stem = save()
     table = to_markdown(rows)
-    stem.with_suffix(".md").write_text(table + "\n")
     plot(curves, stem.with_suffix(".png"))
     print("\n" + table)
     return 0
