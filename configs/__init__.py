@@ -7,6 +7,12 @@ String values may name environment variables, `${VAR}` or `${VAR:-default}` (as 
 docker compose): the `cluster` profile takes its bucket, images and MLflow address from the
 variables the Terraform outputs fill in (docs/deploy.md). A variable that is unset and has no
 default is an error naming the profile, the field and the variable.
+
+FLYWHEEL_THREADS, when set, replaces the profile's `threads` (torch's intra-op threads) in every
+process that loads a profile, child processes included; an explicit `threads=` override still
+wins. It is how processes that share the cores ask for fewer threads each without editing a
+profile: the test suite under pytest-xdist sets it to 1 (tests/conftest.py), since two processes
+with 2 threads each on 2 cores slow each other down several times.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from configs.schema import FlywheelConfig
 
 PROFILE_DIR = Path(__file__).resolve().parent
 DEFAULT_PROFILE = "tiny"
+THREADS_VARIABLE = "FLYWHEEL_THREADS"
 
 
 class ConfigError(ValueError):
@@ -94,6 +101,16 @@ def _interpolate(node: Any, source: str, field: str = "") -> Any:
     return ENV_REFERENCE.sub(resolve, node)
 
 
+def threads_from_environment() -> int | None:
+    """FLYWHEEL_THREADS as a thread count, None when it is unset or empty (see the module's docstring)."""
+    raw = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not raw:
+        return None
+    if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1:
+        raise ConfigError(f"{THREADS_VARIABLE} must be a whole number of threads >= 1 (got {raw!r})")
+    return int(raw)
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`rl.rounds=3` -> ("rl.rounds", 3); the value is parsed as YAML (numbers, lists, null)."""
     if "=" not in text:
@@ -124,6 +141,8 @@ def load_profile(name: str | None = None, overrides: dict[str, Any] | None = Non
     if not isinstance(tree, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(tree).__name__}")
     tree.setdefault("profile", name)
+    if (threads := threads_from_environment()) is not None:
+        tree["threads"] = threads  # before the overrides: an explicit `threads=` wins
     defaults = FlywheelConfig().model_dump()
     for key, value in (overrides or {}).items():
         _set_path(tree, key, value, defaults)
@@ -143,4 +162,5 @@ __all__ = [
     "flywheel_home",
     "load_profile",
     "parse_override",
+    "threads_from_environment",
 ]

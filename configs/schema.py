@@ -939,7 +939,9 @@ class FlywheelConfig(_Strict):
     # >= 0: Python's random.Random(-3) is random.Random(3) (it seeds with the absolute value), so a
     # negative seed would silently be another flywheel's tasks; numpy's generators refuse them outright
     seed: int = Field(0, ge=0)
-    threads: int = Field(2, ge=1, description="torch intra-op threads on CPU.")
+    threads: int = Field(
+        2, ge=1, description="torch intra-op threads on CPU. FLYWHEEL_THREADS, when set, replaces the profile's value."
+    )
     device: Literal["cpu", "cuda"] = "cpu"
     data: DataConfig = DataConfig()
     teacher: TeacherConfig = TeacherConfig()

@@ -5,7 +5,46 @@ import torch
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-torch.set_num_threads(2)
+
+# Threads. The suite's budget is the 2 cores it runs on: run serially, a test gets both (2 intra-op
+# threads, as the profiles' `threads: 2`). Under pytest-xdist (`pytest -n 2 --dist loadgroup`) the
+# workers share them, and two processes with 2 threads each on 2 cores slow each other down 3-8x,
+# so each worker gets its share: torch here, and through the environment every process a test
+# starts (a pipeline run, a Dagster step, torchrun's ranks, a server) and every profile loaded in
+# this one (FLYWHEEL_THREADS replaces `threads`, which the assets pass to torch: configs/__init__.py).
+# Within a worker, in-process and child-process results therefore still use one thread count, as
+# the bitwise comparisons of the two need (kill/resume against `micro_flywheel`, the Pipes launch).
+CORES = 2
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by pytest-xdist in its workers
+TEST_THREADS = max(1, CORES // WORKERS)
+if WORKERS > 1:
+    os.environ.update(dict.fromkeys(("FLYWHEEL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(TEST_THREADS)))
+    # vLLM's multiprocess executor would pin its OpenMP threads to the first cores, the same ones in
+    # both workers (the in-process engine the tests start pins nothing)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+torch.set_num_threads(TEST_THREADS)
+
+# pytest-xdist groups (`@pytest.mark.xdist_group(name)`): with --dist loadgroup a group's tests run
+# on one worker, so a costly session or module fixture is built once, and tests that must not
+# overlap do not. A test has at most one group (xdist would make two marks a third group).
+#   vllm            every test that starts a vLLM engine (two CPU engines at once fight for the
+#                   cores and memory), and the SmolLM2 `smol_policy` (~1.5 min) its users share
+#   micro_flywheel  the session's `micro_flywheel` (~40 s): the UIs, the served champion, kill/resume
+#   capable_policy  the session's `capable_policy` (~1 min)
+#   operated_home   tests/pipelines/test_operations.py's `make run` home (several flywheel runs)
+#   serve_agent     tests/pipelines/test_serve.py's 600-step policy and its agent-model registry
+#   checkov         tests/infra/test_checkov.py's three scans of the tree
+#   gguf            tests/training/test_model_sources.py's model read from the GGUF (~15 s)
+#   torchrun        the 2-rank jobs: two at once would be 4 busy ranks on 2 cores
+# `warm_policy` (~10 s) and `split_policy` have users in a dozen modules: each worker builds them
+# once rather than one worker running all of those tests.
+# Tests marked `serial` change or time what every process shares (the .venv, sub-second wall
+# clocks): they run alone, `pytest -m serial` after `pytest -n 2 -m "not serial"`.
+
+
+def pytest_runtest_setup(item):
+    if WORKERS > 1 and item.get_closest_marker("serial"):
+        pytest.skip("a `serial` test runs alone, not next to other xdist workers: `pytest -m serial` runs it")
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +57,9 @@ def micro_cfg():
 @pytest.fixture(scope="session")
 def micro_flywheel(tmp_path_factory):
     """(home, outcome) of one micro flywheel (foundation + one round, ~40 s), shared by the tests
-    that read what a run leaves: the UIs (tests/pipelines/test_ui.py) and the served champion
-    (tests/pipelines/test_serve.py)."""
+    that read what a run leaves: the UIs (tests/pipelines/test_ui.py), the served champion
+    (tests/pipelines/test_serve.py) and the kill/resume comparison (tests/pipelines/test_kill_resume.py).
+    Its users are in the xdist group `micro_flywheel`."""
     home = tmp_path_factory.mktemp("flywheel") / "fw"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYWHEEL_HOME", str(home))
@@ -76,7 +116,8 @@ def capable_cfg(micro_cfg):
 @pytest.fixture(scope="session")
 def capable_policy(capable_cfg, sandbox):
     """`capable_cfg`'s model after 600 SFT steps (~1 min): it solves some of every family's
-    tasks when sampled, so it passes the SFT graduation exam and RL has groups to learn from."""
+    tasks when sampled, so it passes the SFT graduation exam and RL has groups to learn from.
+    Its users are in the xdist group `capable_policy`."""
     from benchmarks.warm_start import warm_started_policy
 
     return warm_started_policy(capable_cfg, sandbox, sft_steps=600)
@@ -136,7 +177,8 @@ def smol_overrides() -> dict:
 @pytest.fixture(scope="session")
 def smol_policy(sandbox, smollm2_folder):
     """SmolLM2-135M-Instruct after a few SFT steps on arithmetic demonstrations (~1.5 min): enough
-    to write `<code>…</code>` calls in its own tokens (its tokenizer splits every tag in three)."""
+    to write `<code>…</code>` calls in its own tokens (its tokenizer splits every tag in three).
+    Its users are in the xdist group `vllm` (one of them serves it on vLLM)."""
     from benchmarks.warm_start import warm_started_policy
     from configs import load_profile
 

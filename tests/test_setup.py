@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.perf
+# serial: while one of them runs, .venv is broken (torchvision installed) or being reinstalled
+pytestmark = [pytest.mark.perf, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"

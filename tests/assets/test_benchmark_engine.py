@@ -10,6 +10,7 @@ from training.agent.engines import Sampling, VLLMEngine
 
 
 @pytest.mark.yourdata
+@pytest.mark.xdist_group("vllm")
 def test_the_benchmark_engine_holds_a_suite_longer_than_any_rollout(warm_policy, micro_cfg):
     """vLLM fixes its context length when it starts. The benchmark's engine is built with the
     largest budget of the held-out tasks and the suites (`engine_budget`), so a suite's episode

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from configs import ConfigError, available_profiles, load_profile, parse_override
@@ -141,3 +143,24 @@ def test_every_variable_the_cluster_profile_reads_is_documented():
     assert not [name for name in names if f"`{name}`" not in guide], (
         "docs/deploy.md must list every variable configs/cluster.yaml reads"
     )
+
+
+def test_flywheel_threads_replaces_every_profiles_threads_and_an_explicit_override_wins(cluster_env, monkeypatch):
+    """tests/conftest.py sets FLYWHEEL_THREADS=1 under pytest-xdist: every process of a worker, the
+    child processes a test starts included, then takes one thread, not the profile's."""
+    monkeypatch.delenv("FLYWHEEL_THREADS", raising=False)
+    assert (load_profile("micro").threads, load_profile("gpu").threads) == (2, 8)
+    monkeypatch.setenv("FLYWHEEL_THREADS", "1")
+    assert {name: load_profile(name).threads for name in available_profiles()} == dict.fromkeys(available_profiles(), 1)
+    assert load_profile("gpu", {"threads": 4}).threads == 4
+    monkeypatch.setenv("FLYWHEEL_THREADS", "")  # set but empty: as if unset
+    assert load_profile("gpu").threads == 8
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "two"])
+def test_a_bad_flywheel_threads_is_refused_naming_the_variable_and_value(monkeypatch, value):
+    monkeypatch.setenv("FLYWHEEL_THREADS", value)
+    with pytest.raises(
+        ConfigError, match=rf"FLYWHEEL_THREADS must be a whole number of threads >= 1 \(got '{re.escape(value)}'\)"
+    ):
+        load_profile("micro")

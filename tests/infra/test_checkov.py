@@ -162,11 +162,13 @@ def docker_scan(tmp_path_factory) -> Scan:
     return run_checkov(DOCKER_DIR, "dockerfile", tmp_path_factory.mktemp("checkov-home"))
 
 
+@pytest.mark.xdist_group("checkov")  # the tests of the module's three scans: each scan once, on one worker
 def test_checkov_parses_every_file(modules_scan, tree_scan, docker_scan):
     # A file checkov cannot parse is silently left out of every check.
     assert not modules_scan.parsing_errors + tree_scan.parsing_errors + docker_scan.parsing_errors
 
 
+@pytest.mark.xdist_group("checkov")
 @pytest.mark.parametrize("directory", module_dirs(), ids=lambda d: d.name)
 def test_module_passes_checkov_with_its_defaults(modules_scan, directory):
     if any(re.search(r'^(resource|data) "', p.read_text(), re.M) for p in directory.glob("*.tf")):
@@ -177,11 +179,13 @@ def test_module_passes_checkov_with_its_defaults(modules_scan, directory):
     assert not failed, failures(failed)
 
 
+@pytest.mark.xdist_group("checkov")
 def test_terraform_tree_as_deployed_passes_checkov(tree_scan):
     failed = tree_scan.of("failed")
     assert not failed, failures(failed)
 
 
+@pytest.mark.xdist_group("checkov")
 @pytest.mark.parametrize("dockerfile", sorted(DOCKER_DIR.glob("*.Dockerfile")), ids=lambda p: p.name)
 def test_dockerfile_passes_checkov(docker_scan, dockerfile):
     assert [f for f in docker_scan.findings if f.path == dockerfile], f"checkov checked nothing in {dockerfile}"
@@ -189,6 +193,7 @@ def test_dockerfile_passes_checkov(docker_scan, dockerfile):
     assert not failed, failures(failed)
 
 
+@pytest.mark.xdist_group("checkov")
 def test_every_skip_is_inline_and_justified(modules_scan, tree_scan, docker_scan):
     skipped = modules_scan.of("skipped") + tree_scan.of("skipped") + docker_scan.of("skipped")
     bad = sorted(f"{f.where(ROOT)}: {why}" for f in skipped if (why := unjustified(f.reason)))

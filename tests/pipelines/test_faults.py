@@ -550,6 +550,7 @@ def test_an_hf_engine_dying_mid_batch_fails_the_rollout_naming_the_engine_and_le
     assert processes_under(sandbox) == resting and sandbox.run_python("print(1)").ok
 
 
+@pytest.mark.xdist_group("vllm")
 def test_a_vllm_engine_closed_mid_batch_fails_the_rollout_ends_every_session_and_waits_for_its_tools(
     warm_policy, micro_cfg, sandbox
 ):

@@ -44,6 +44,7 @@ def _weights(home: Path, checkpoint: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.operations  # issue 28: the kill while a run is stored but not started, and MLflow runs left RUNNING
+@pytest.mark.xdist_group("micro_flywheel")
 def test_a_flywheel_killed_in_every_stage_resumes_to_the_uninterrupted_result(tmp_path, micro_flywheel):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (scripts/setup.sh installs it)")

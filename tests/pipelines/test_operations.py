@@ -151,7 +151,8 @@ def _holder(home: Path, timeout_s: float = 300) -> dict:
 @pytest.fixture(scope="module")
 def operated_home(tmp_path_factory):
     """A micro flywheel made by `make run` (margin 0.5, so its round is not promoted) while a second
-    `make run` tries the same home, then a `make run SEED=1` on it; in a path with a space."""
+    `make run` tries the same home, then a `make run SEED=1` on it; in a path with a space. Its
+    tests are in the xdist group `operated_home`, so that one worker makes it."""
     home = tmp_path_factory.mktemp("ops") / "my home" / "fw"
     out = home.parent / "first.log"
     home.parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +194,7 @@ def _dagster_runs(home: Path) -> list:
         return list(instance.get_runs())
 
 
+@pytest.mark.xdist_group("operated_home")
 def test_a_second_make_run_on_a_busy_home_is_refused_naming_the_holder_and_its_pid(operated_home):
     home, holder = operated_home["home"], operated_home["holder"]
     rc, log = operated_home["first"]
@@ -217,6 +219,7 @@ def test_a_second_make_run_on_a_busy_home_is_refused_naming_the_holder_and_its_p
     assert {client.get_run(v.run_id).data.tags["dagster.run_id"] for v in versions} <= dagster_ids
 
 
+@pytest.mark.xdist_group("operated_home")
 def test_another_seed_in_a_used_home_is_refused_naming_what_differs_and_changes_nothing(operated_home):
     """A home is one lineage: its versions are gated on the same benchmark tasks. SEED=1 used to
     train SFT and then fail in the gate ("the two score sets share no task ids")."""
@@ -229,6 +232,7 @@ def test_another_seed_in_a_used_home_is_refused_naming_what_differs_and_changes_
     assert len(_dagster_runs(home)) == 2  # the foundation and the round of the first run, nothing more
 
 
+@pytest.mark.xdist_group("operated_home")
 def test_the_registry_commands_use_the_settings_the_home_ran_with(operated_home, tmp_path):
     """`make promote` without PROFILE applies the gate the run applied (its promotion_margin 0.5),
     and `make models` lists the home's registry; PROFILE=tiny is an explicit other choice."""
@@ -245,6 +249,7 @@ def test_the_registry_commands_use_the_settings_the_home_ran_with(operated_home,
     assert listed.returncode == 0 and [row.split()[0] for row in table[1:]] == ["1", "2"], listed.stdout
 
 
+@pytest.mark.xdist_group("operated_home")
 def test_the_dagster_definitions_of_a_home_use_its_profile_unless_told(operated_home, monkeypatch):
     """`make dagster-ui` and `make audit` load pipelines.definitions with no FLYWHEEL_PROFILE: a
     micro home is shown and audited with micro's settings, not tiny's."""
@@ -262,6 +267,7 @@ def test_the_dagster_definitions_of_a_home_use_its_profile_unless_told(operated_
 # --- 5. homes that move --------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("operated_home")
 def test_a_moved_home_works_with_the_original_deleted(operated_home, tmp_path):
     """Copied elsewhere and the original deleted, the home still lists, promotes, audits and
     loads: its stored absolute paths are rewritten to where it is now on first use."""

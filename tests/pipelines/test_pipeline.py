@@ -408,6 +408,7 @@ def test_a_collapsing_round_is_flagged_and_not_promoted(home):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
 def test_micro_flywheel_on_the_vllm_engine(home):
     """`rollout.engine: vllm` is configuration only: the same assets roll out and benchmark on
     vLLM's CPU build, and the RL round logs the engine/trainer log-prob gap every step."""

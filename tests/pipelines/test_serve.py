@@ -98,6 +98,7 @@ def _question(task: dict) -> dict:
     }
 
 
+@pytest.mark.xdist_group("micro_flywheel")
 def test_a_micro_flywheel_champion_loads_and_answers_in_a_fresh_process(micro_flywheel, tmp_path):
     """`mlflow.pyfunc.load_model("models:/agentic-policy@champion")` in a process that has never
     imported the project, started outside the repository."""
@@ -157,6 +158,7 @@ def test_a_micro_flywheel_champion_loads_and_answers_in_a_fresh_process(micro_fl
     assert linked["pass_at_1"] == run_metrics["pass_at_1"] and "arithmetic/pass_at_1" in linked
 
 
+@pytest.mark.xdist_group("serve_agent")  # the module's `policy` and `agent_home`
 def test_the_served_agent_answers_with_its_tools_and_rollback_serves_the_previous_champion(agent_home, policy, sandbox):
     from environments.families import build_tools
 
@@ -235,6 +237,7 @@ def test_the_served_agent_answers_with_its_tools_and_rollback_serves_the_previou
     assert versions["1"].source == f"models:/{reply['custom_outputs']['model_id']}"
 
 
+@pytest.mark.xdist_group("serve_agent")
 def test_a_version_registered_before_versions_were_models_is_named_not_served(agent_home, capsys):
     from pipelines.serve import main as serve
 
@@ -249,6 +252,7 @@ def test_a_version_registered_before_versions_were_models_is_named_not_served(ag
     assert "versions that can: 1, 2" in err and "has no version '9'" in err
 
 
+@pytest.mark.xdist_group("serve_agent")
 def test_registry_load_gives_the_policy_of_an_agent_model_and_of_an_old_folder_version(agent_home, tmp_path, policy):
     import torch
 

@@ -65,6 +65,7 @@ def browser():
         chromium.close()
 
 
+@pytest.mark.xdist_group("micro_flywheel")
 def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, browser):
     home, outcome = flywheel_home
     port = free_port()
@@ -136,6 +137,7 @@ def mlflow_ui(flywheel_home):
     stop_server(server)
 
 
+@pytest.mark.xdist_group("micro_flywheel")
 def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, mlflow_ui, browser):
     _, outcome = flywheel_home
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -152,6 +154,7 @@ def test_mlflow_ui_shows_the_registered_model_and_its_champion(flywheel_home, ml
 
 
 @pytest.mark.serving
+@pytest.mark.xdist_group("micro_flywheel")
 def test_mlflow_ui_shows_the_champion_version_as_a_model_with_flavor_signature_and_metrics(
     flywheel_home, mlflow_ui, browser
 ):

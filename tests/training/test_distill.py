@@ -36,6 +36,7 @@ def test_its_expectation_under_the_student_is_minus_the_reverse_kl():
     assert float(signal.mean()) == pytest.approx(-kl, abs=5e-3) and kl > 0.1 and not math.isnan(kl)
 
 
+@pytest.mark.xdist_group("capable_policy")
 def test_prepare_samples_adds_the_teachers_signal_to_the_outcome_advantage_or_uses_it_alone(
     warm_policy, capable_policy, micro_cfg, sandbox
 ):

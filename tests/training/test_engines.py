@@ -312,6 +312,7 @@ def test_deepspeed_offload_matches_torch(torch_fp32_reference):
 
 # --------------------------------------------------------------------------- several processes
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")  # 2 ranks each: not next to another 2-rank job
 def test_rank_invariance_torch_float64(tmp_path):
     """2 ranks vs 1, odd batch (ranks get 4 and 3 rows), RL loss: exact up to float64 rounding."""
     args = dict(steps=STEPS, num_rows=7, loss="rl", dtype=torch.float64)
@@ -336,6 +337,7 @@ def test_rank_invariance_torch_float64(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
 @pytest.mark.parametrize("stage, rows, micro, loss", [(2, 8, 2, "sft"), (3, 7, 1, "rl")])
 def test_rank_invariance_deepspeed(stage, rows, micro, loss, tmp_path):
     """2 DeepSpeed ranks vs 1 on the same global batch. The (3, 7, 1) case gives the ranks 4 and

@@ -96,6 +96,7 @@ def _exam(policy, cfg, sandbox):
     return grade(rows, grad)
 
 
+@pytest.mark.xdist_group("capable_policy")
 def test_a_trained_policy_graduates_and_under_trained_ones_do_not(capable_policy, warm_policy, capable_cfg, sandbox):
     """At the default thresholds: the model after 600 SFT steps passes; the micro model after
     200 steps writes a few well-formed episodes but solves nothing; the

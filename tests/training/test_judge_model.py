@@ -55,20 +55,18 @@ def test_verdicts_are_seeded_majorities_and_an_overlong_answer_is_a_zero(judge):
     assert refused.score is None and "without the answer > reward.judge.max_prompt_tokens=384" in refused.details
 
 
-def test_judge_for_builds_one_judge_only_when_a_family_needs_it(smollm2_folder):
+def test_judge_for_builds_one_judge_only_when_a_family_needs_it(smollm2_folder, tmp_path):
     assert judge_for(RewardConfig()) is None  # the rule families only
     cfg = RewardConfig(verifiers={"explain": VerifierSpec(name="judge")}, judge=JudgeConfig(model=str(smollm2_folder)))
     assert judge_for(cfg) is judge_for(cfg)
     with pytest.raises(ValueError, match=r"reward.judge.model: .* has no chat template"):
-        ModelJudge(JudgeConfig(model=str(_no_template(smollm2_folder))))
+        ModelJudge(JudgeConfig(model=str(_no_template(smollm2_folder, tmp_path))))
 
 
-def _no_template(folder):
+def _no_template(folder, tmp_path):
     import shutil
-    import tempfile
-    from pathlib import Path
 
-    copy = Path(tempfile.mkdtemp()) / "no-template"
+    copy = tmp_path / "no-template"  # a copy of the model (~0.5 GB): pytest's tmp_path, not a /tmp folder left behind
     shutil.copytree(folder, copy)
     for name in ("chat_template.jinja", "tokenizer_config.json"):
         path = copy / name

@@ -181,6 +181,7 @@ def test_imported_folder_is_a_plain_checkpoint(smollm2_folder):
     )
 
 
+@pytest.mark.xdist_group("gguf")  # the users of `gguf_loaded`: read from the GGUF once
 def test_import_gguf_gives_the_gguf_models_logits(scratch, gguf_path, gguf_loaded, smollm2_folder):
     """A fresh import (not the cached one, which may come from an earlier session) loads as a plain
     checkpoint with the GGUF model's logits; the cached folder holds the same weights."""
@@ -213,6 +214,7 @@ ROUND_TRIP = [
 ]
 
 
+@pytest.mark.xdist_group("gguf")
 def test_tokenizer_round_trips_through_the_folder(smollm2_folder, gguf_loaded):
     from transformers import AutoTokenizer
 

@@ -5,6 +5,7 @@ built in seconds), and on the real SmolLM2-135M-Instruct."""
 import pytest
 import torch
 
+from tests.conftest import TEST_THREADS
 from training.model import save_checkpoint
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
@@ -45,7 +46,7 @@ def test_micro_flywheel_on_a_pretrained_qwen2_whose_tokenizer_splits_the_tags(ho
         },
     )
     _assert_flywheel_ran(home, outcome, split_policy.tokenizer)
-    torch.set_num_threads(2)
+    torch.set_num_threads(TEST_THREADS)  # the run set the profile's `threads`; the suite's own share again
 
 
 # --------------------------------------------------------------------------- SmolLM2-135M-Instruct
@@ -61,6 +62,7 @@ def smol_vllm(smol_policy):
     engine.close()
 
 
+@pytest.mark.xdist_group("vllm")  # a vLLM engine, and both kinds share `smol_policy`
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
 def test_real_model_rollouts_are_token_exact(kind, smol_policy, tmp_path, request):
     """On SmolLM2's own tokenizer (`</code>` is three tokens, the template ChatML): each turn is

@@ -18,6 +18,7 @@ from training.rl.scoring import episode_record
 FAMILIES = ("arithmetic", "search", "code")
 # Documented bounds (docs/rollout.md): |log pi_trainer - log pi_engine| per policy token, fp32.
 MISMATCH_BOUND = {"hf": 1e-4, "vllm": 1e-3}
+pytestmark = pytest.mark.xdist_group("vllm")  # the module's vLLM engine; rounds on vLLM
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,7 @@ def warm_folder(warm_policy, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")  # 2 ranks each: not next to another 2-rank job
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_rank_rl_round_ends_where_one_rank_does(stage, tmp_path, warm_folder):
     """Two RL steps (rollouts, advantages on whole groups, ZeRO update, weights back to the
@@ -114,6 +115,7 @@ def test_two_rank_rl_round_ends_where_one_rank_does(stage, tmp_path, warm_folder
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_rank_sft_ends_where_one_rank_does(stage, tmp_path):
     args = (
@@ -152,6 +154,7 @@ def test_a_failed_rank_is_named_with_its_last_lines(tmp_path):
     assert "job 'rl_round': rank 1 failed" in message and "ValueError: boom" in message and "resume" in message
 
 
+@pytest.mark.xdist_group("torchrun")
 def test_a_launched_job_whose_rank_dies_fails_naming_that_rank(tmp_path):
     """Through the real launcher: a 2-rank torchrun job whose ranks raise. The step's error names
     the ranks that failed and shows their last lines (here, the job refusing a context it cannot
@@ -203,6 +206,7 @@ def test_every_rank_writes_its_own_vllm_engine_folder(warm_policy, tmp_path, mon
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
 def test_a_killed_two_rank_round_resumes_from_its_state_checkpoint(tmp_path, warm_folder):
     """Kill a 2-rank round (torchrun and both ranks) after its step-2 state is saved; the re-run
     resumes from that state and ends exactly where an uninterrupted 2-rank round ends."""

@@ -196,7 +196,7 @@ def split_vllm(split_policy, micro_cfg):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("kind", ["hf", "vllm"])
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=pytest.mark.xdist_group("vllm"))])
 def test_split_tag_rollouts_are_token_exact(kind, family, split_policy, micro_cfg, tmp_path, request):
     cfg = micro_cfg.rollout.model_copy(update={"system_prompt": "Answer in <answer></answer>."})
     engine = (

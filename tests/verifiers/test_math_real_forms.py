@@ -367,6 +367,7 @@ HUGE = [
 ]
 
 
+@pytest.mark.serial  # 0.1 s for 3 readings: another worker's processes on the cores would eat it
 @pytest.mark.parametrize("attack", HUGE, ids=lambda a: f"{a[:20]}...{len(a)}")
 def test_huge_and_nested_inputs_are_refused_in_linear_time(attack):
     run_verifier("math", "1", {"answer": "1"}, {})  # warm up the caches outside the clock
@@ -420,6 +421,7 @@ _FRAGMENTS = [
 ]
 
 
+@pytest.mark.serial  # the slowest of 1,500 readings under 20 ms: one preemption by another worker fails it
 def test_wrapper_soup_just_inside_the_cap_is_read_fast():
     """Random runs of the fragments the peels and the converter react to, up to the 256-character
     cap: the slowest reading bounds what a policy can make the fast tier spend on one answer."""

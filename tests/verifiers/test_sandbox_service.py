@@ -366,6 +366,7 @@ def test_a_service_killed_mid_verification_earns_no_reward():
     assert (stats.calls, stats.passed, stats.unscorable) == (6, 0, 6)
 
 
+@pytest.mark.serial  # a call within 0.2 s of wall clock, through a service process and a sandbox fork
 def test_a_connection_the_service_closed_while_idle_is_replaced_at_once():
     # Between RL steps a client idles longer than the service keeps connections open.
     with Service(keep_alive_s=0.5) as svc, HTTPSandbox(svc.url, TOKEN, LIMITS) as client:
