@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.compare_algorithms import _mean, evaluator, foundation, held_out, plot  # noqa: E402
 from configs import load_profile, parse_override  # noqa: E402
+from environments.family import resolve_families  # noqa: E402
 
 # method -> overrides; "plain" is the loop as the profile configures it
 METHODS: dict[str, dict] = {
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-tasks", type=int, default=400)
     args = parser.parse_args(argv)
     overrides = dict(parse_override(o) for o in args.set)
-    cfg = load_profile(args.profile, overrides)
+    # the families' default verifiers completed, as the pipeline does (explain's is the judge)
+    cfg = resolve_families(load_profile(args.profile, overrides))
     methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--judge: the judge method needs a judge model folder (make judge)")
     if args.judge is not None:
         overrides["reward.judge.model"] = str(args.judge)
-        cfg = load_profile(args.profile, overrides)
+        cfg = resolve_families(load_profile(args.profile, overrides))
     if "plain" not in methods:
         methods = ["plain", *methods]  # every gain is paired against it
 
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for seed in seeds:
             for name in methods:
-                mcfg = load_profile(args.profile, {**overrides, **METHODS[name]})
+                mcfg = resolve_families(load_profile(args.profile, {**overrides, **METHODS[name]}))
                 algo = resolve_algorithm(mcfg.rl)
                 policy = load_policy(sft_path, mcfg.model.dtype)
                 reference = (
