@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.judge is not None:
         overrides["reward.judge.model"] = str(args.judge)
         cfg = resolve_families(load_profile(args.profile, overrides))
+    if "judge" in methods and not any(cfg.reward.verifiers[f].name == "judge" for f in cfg.data.families):
+        parser.error(
+            "--methods judge: no family is judged; add an open-ended one, e.g. "
+            "--set data.families.explain.train_tasks=200 --set data.families.explain.benchmark_tasks=60"
+        )
     if "plain" not in methods:
         methods = ["plain", *methods]  # every gain is paired against it
 
