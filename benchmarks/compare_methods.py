@@ -274,13 +274,11 @@ def to_markdown(rows: list[dict]) -> str:
         minutes = f"{r['rl_minutes']:.1f}" if "rl_minutes" in r else "-"
         per_step = f"{r['seconds_per_step']:.1f}" if "seconds_per_step" in r else "-"
         waiting = f"{r['rollout_wait_s']:.1f}" if r.get("rollout_wait_s") is not None else "-"
+        judged = f"{r['judged_pass_at_1']:.3f}" if r.get("judged_pass_at_1") is not None else "-"
         lines.append(
             f"| {r['method']} | {r['seed'] if r['seed'] is not None else '-'} "
             f"| {r['pass_at_1']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {_ci(r.get('gain_over_plain'))} "
-            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} "
-            f"| {r['judged_pass_at_1']:.3f} |"
-            if r.get("judged_pass_at_1") is not None
-            else f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} | - |"
+            f"| {_ci(r.get('gain_over_sft'))} | {minutes} | {per_step} | {waiting} | {_reached(r)} | {judged} |"
         )
     return "\n".join(lines)
 
