@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-tasks", type=int, default=400)
     args = parser.parse_args(argv)
     overrides = dict(parse_override(o) for o in args.set)
+    if args.judge is not None:
+        overrides["reward.judge.model"] = str(args.judge)
     # the families' default verifiers completed, as the pipeline does (explain's is the judge)
     cfg = resolve_families(load_profile(args.profile, overrides))
     methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
@@ -72,9 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--teacher: the distill methods need a teacher checkpoint folder")
     if "judge" in methods and args.judge is None:
         parser.error("--judge: the judge method needs a judge model folder (make judge)")
-    if args.judge is not None:
-        overrides["reward.judge.model"] = str(args.judge)
-        cfg = resolve_families(load_profile(args.profile, overrides))
     if "judge" in methods and not any(cfg.reward.verifiers[f].name == "judge" for f in cfg.data.families):
         parser.error(
             "--methods judge: no family is judged; add an open-ended one, e.g. "
