@@ -24,9 +24,12 @@ resume: setup
 	$(PY) -m pipelines.run --resume
 
 # --model: the real model behind the `smollm2_folder` fixture (tests marked realmodel).
+# Two pytest-xdist workers (one core each; tests/conftest.py shares the threads), groups kept on one
+# worker (--dist loadgroup); then the `serial` tests alone. Any non-zero exit fails, 5 (nothing ran) too.
 test: setup
 	@bash scripts/setup.sh --browser --tools --model smollm2-135m-instruct
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n 2 --dist loadgroup -m "not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m serial $(PYTEST_ARGS)
 
 # Format, lint (with isort rules) and the layer contracts; CI runs it before the tests.
 lint: setup
@@ -39,8 +42,12 @@ lint: setup
 # UI_HOST=0.0.0.0 exposes them to the network (put an authenticating proxy in front first).
 UI_HOST ?= 127.0.0.1
 
+# The Dagster UI and daemon, as `dagster dev` runs them, answering only requests addressed to this
+# machine (a host and origin check against DNS rebinding: pipelines/ui.py). Behind a proxy, name
+# the host it uses: make dagster-ui UI_ALLOWED_HOSTS=dagster.example.internal
 dagster-ui: setup
-	DAGSTER_HOME="$$FLYWHEEL_HOME/dagster" $(VENV)/bin/dagster dev --host $(UI_HOST)
+	mkdir -p "$$FLYWHEEL_HOME/dagster"
+	DAGSTER_HOME="$$FLYWHEEL_HOME/dagster" UI_ALLOWED_HOSTS="$(UI_ALLOWED_HOSTS)" $(PY) -m pipelines.ui --host $(UI_HOST)
 
 # Re-score a stored round with a stricter verifier (docs/verifiers.md): make audit ROUND=2 [CONFIG='{"ops": ...}']
 ROUND ?= 1
@@ -79,10 +86,7 @@ serve: setup
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$$FLYWHEEL_HOME/mlflow.db" --host $(UI_HOST) --port 5000
 
-# Deletes the home: never an empty FLYWHEEL_HOME (the current directory), never one a run holds.
+# Deletes the home, only a flywheel home (its flywheel.json) that no run holds: never an empty
+# FLYWHEEL_HOME (the current directory), never another folder (scripts/clean_home.py).
 clean:
-	@test -n "$$FLYWHEEL_HOME" || { echo "FLYWHEEL_HOME is set but empty: nothing deleted"; exit 2; }
-	@if [ -e "$$FLYWHEEL_HOME/flywheel.lock" ] && ! flock -n "$$FLYWHEEL_HOME/flywheel.lock" true; then \
-		echo "FLYWHEEL_HOME $$FLYWHEEL_HOME is held by a make run or resume ($$(cat "$$FLYWHEEL_HOME/flywheel.lock")): nothing deleted"; \
-		exit 3; fi
-	rm -rf "$$FLYWHEEL_HOME"
+	@python3 scripts/clean_home.py

@@ -12,10 +12,11 @@ Two row shapes (JSONL, optionally .gz; local or any URL fsspec reads):
 
 A problem becomes a code task at level 5 (`code.FILE_LEVEL`): the prompt asks for the whole
 function; the gold answer is the reference program; the tests are the file's, run by the
-unit-test verifier across its process boundary (the candidate in our sandbox, the tests on the
-host against its answers: never the dataset's own executor). HumanEval's check is one test (a
-problem is solved or not); MBPP's asserts are one test each. Bad rows are named by file, row
-and field, as task files' are (environments/task_files.py).
+unit-test verifier (never the dataset's own executor): test code from a file is data, replayed in
+the sandbox, never run on the host (verifiers/code_runner.py). HumanEval's check is one test (a
+problem is solved or not); MBPP's asserts are one test each. Rows are read by the same bounded
+reader as task files' (environments/bounded_json.py), and bad rows are named by file, row and
+field, as theirs are (environments/task_files.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from environments import bounded_json
 from environments.arithmetic import answer_turn
+from environments.bounded_json import JSONProblem
 from environments.family import FAMILIES, get_family
 from environments.task_files import TaskFileError, _summary, read_rows
 from verifiers.protocol import ANSWER_OPEN, TOOL_TAGS
@@ -76,9 +78,11 @@ def _call(call: object, where: str) -> tuple[Segment | None, str | None]:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = bounded_json.loads(arguments)
         except json.JSONDecodeError:
             pass  # a bare string argument: the code or the query itself
+        except JSONProblem as exc:
+            return None, f"{where}.function.arguments': {exc.reason}" + (f" (at {exc.path})" if exc.path else "")
     if isinstance(arguments, dict):
         texts = [v for v in arguments.values() if isinstance(v, str)]
         if len(texts) != 1:

@@ -7,7 +7,7 @@ Schema (one task per row; docs/task-families.md has examples):
     level     int, one of the family's levels
     prompt    str, non-empty, at most 4,000 characters, no protocol tags
     answer    str (arithmetic: a number; search: the answer text; code: a reference solution)
-    split     str, optional (default "train")
+    split     "train" | "benchmark", optional (default "train"); any other value is refused
     metadata  JSON object or its text, optional; the family checks what it needs
               (`TaskFamily.row_problem`): code tasks need {"entry_point", "tests"}, search tasks
               may give {"aliases": [...]} (other accepted answers)
@@ -27,12 +27,16 @@ import math
 import fsspec
 import pandas as pd
 
+from environments import bounded_json
 from environments.base import TASK_COLUMNS
+from environments.bounded_json import JSONProblem
 from environments.family import FAMILIES, get_family
 from verifiers.protocol import TAGS
 
 MAX_PROMPT_CHARS = 4000
 REQUIRED = ("task_id", "family", "level", "prompt", "answer")
+SPLITS = ("train", "benchmark")  # a row's `split`: trained on, or held out into the benchmark
+_missing = bounded_json.is_missing
 MAX_REPORTED = 20
 # A task file is read whole into memory: past this (512 MiB, ~250k code tasks) it is refused before
 # it is, and so is a gzipped file that inflates past it, or a device such as /dev/zero that never ends.
@@ -45,31 +49,40 @@ class TaskFileError(ValueError):
 
 def read_rows(path: str, what: str = "task file") -> list[dict]:
     """Rows of a JSON-lines (.jsonl, or gzipped .jsonl.gz) or .parquet file, local or any URL
-    fsspec understands; each row gets `_row`, its 1-based line. Every line that is not a JSON
-    object is reported (file, row) in one error. `what` names the file in messages."""
+    fsspec understands; each row gets `_row`, its 1-based line (Parquet: its 1-based row), and
+    holds plain JSON values (environments/bounded_json.py: bounded lines, nesting and integers,
+    no lone surrogates; Parquet arrays and structs as lists and dicts). Every row outside the
+    bounds or not a JSON object is reported (file, row, field) in one error. `what` names the
+    file in messages."""
     fs, local = fsspec.core.url_to_fs(str(path))
     if not fs.exists(local):
         raise FileNotFoundError(f"{what} {path} does not exist")
+    if fs.isdir(local):
+        raise TaskFileError(f"{what} {path} is a directory: give the .jsonl, .jsonl.gz or .parquet file itself")
     with fs.open(local, "rb") as f:
         raw = _read_capped(f, path, what)
     if str(path).endswith(".parquet"):
-        return [
-            {**row, "_row": i} for i, row in enumerate(pd.read_parquet(io.BytesIO(raw)).to_dict("records"), start=1)
-        ]
+        return _parquet_rows(raw, path, what)
     if str(path).endswith(".gz"):
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
-            raw = _read_capped(f, path, f"{what} (gunzipped)")
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+                raw = _read_capped(f, path, f"{what} (gunzipped)")
+        except (OSError, EOFError) as exc:
+            raise TaskFileError(f"{what} {path} is not a readable gzip file ({exc})") from None
     rows, problems = [], []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line.decode("utf-8"))
+            row = bounded_json.loads(line)
         except UnicodeDecodeError as exc:
             problems.append(f"row {number}: not UTF-8 (byte {exc.start})")
             continue
         except json.JSONDecodeError as exc:
-            problems.append(f"row {number}: not valid JSON ({exc.msg})")
+            problems.append(f"row {number}: not valid JSON ({exc.msg}, column {exc.colno})")
+            continue
+        except JSONProblem as exc:
+            problems.append(json_problem(number, exc))
             continue
         if not isinstance(row, dict):
             problems.append(f"row {number}: expected a JSON object, got {type(row).__name__}")
@@ -78,6 +91,37 @@ def read_rows(path: str, what: str = "task file") -> list[dict]:
     if problems:
         raise TaskFileError(_summary(path, problems, what))
     return rows
+
+
+def _parquet_rows(raw: bytes, path: str, what: str) -> list[dict]:
+    """A Parquet file's rows as plain values (`bounded_json.plain`), or TaskFileError."""
+    try:
+        records = pd.read_parquet(io.BytesIO(raw)).to_dict("records")
+    except Exception as exc:  # noqa: BLE001 — pyarrow raises many kinds for bytes that are not Parquet
+        raise TaskFileError(f"{what} {path} is not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    rows, problems = [], []
+    for number, record in enumerate(records, start=1):
+        try:
+            row = {
+                str(k): v if bounded_json.is_missing(v) else bounded_json.plain(v, (str(k),)) for k, v in record.items()
+            }
+        except JSONProblem as exc:
+            problems.append(json_problem(number, exc))
+            continue
+        rows.append({**row, "_row": number})
+    if problems:
+        raise TaskFileError(_summary(path, problems, what))
+    return rows
+
+
+def json_problem(number: int, exc: JSONProblem, field: str | None = None) -> str:
+    """`row N: field 'f': <reason> (at f.a[0]…)` for a value outside the bounds; `field`: the
+    row's field whose text `exc` came from (metadata given as JSON text)."""
+    where = ((field,) if field else ()) + exc.where
+    top = field or exc.field
+    at = bounded_json.path_text(where)
+    detail = f" (at {at})" if at and at != top else ""
+    return f"row {number}: field {top!r}: {exc.reason}{detail}" if top else f"row {number}: {exc.reason}{detail}"
 
 
 def _read_capped(f, path: str, what: str, limit: int | None = None) -> bytes:
@@ -91,6 +135,19 @@ def _read_capped(f, path: str, what: str, limit: int | None = None) -> bytes:
             "split it into several files or give fewer tasks"
         )
     return raw
+
+
+def split_problem(row: dict, number: int) -> str | None:
+    """`split` is one of SPLITS or absent: any other value (`test`, `Benchmark`, 7) is refused,
+    never silently trained on."""
+    split = row.get("split")
+    if _missing(split) or (isinstance(split, str) and split in SPLITS):
+        return None
+    return f"row {number}: field 'split': {split!r:.60} is not one of {', '.join(SPLITS)} (absent: {SPLITS[0]})"
+
+
+def row_split(row: dict, default_split: str) -> str:
+    return default_split if _missing(row.get("split")) else row["split"]
 
 
 def row_problems(row: dict, number: int) -> list[str]:
@@ -127,9 +184,13 @@ def row_problems(row: dict, number: int) -> list[str]:
     meta: object = {}
     if not _missing(metadata):
         try:
-            meta = json.loads(metadata) if isinstance(metadata, str) else metadata
+            meta = bounded_json.loads(metadata) if isinstance(metadata, str) else metadata
         except json.JSONDecodeError as exc:
             out.append(f"row {number}: field 'metadata': not valid JSON ({exc.msg})")
+            meta = {}
+        except JSONProblem as exc:
+            out.append(json_problem(number, exc, "metadata"))
+            meta = {}
         if not isinstance(meta, dict):
             out.append(f"row {number}: field 'metadata': expected a JSON object")
             meta = {}
@@ -185,9 +246,10 @@ def load_task_file(path: str, default_split: str = "train", only_split: str | No
     rows of that split, checked (the benchmark's held-out rows; the rest is checked by the asset
     that trains on them), possibly none."""
     rows = read_rows(path)
+    problems = [bad for row in rows if (bad := split_problem(row, row["_row"]))]  # every row's, before any is held out
     if only_split is not None:
-        rows = [r for r in rows if (r.get("split") or default_split) == only_split]
-    problems, seen = [], {}
+        rows = [r for r in rows if not split_problem(r, r["_row"]) and row_split(r, default_split) == only_split]
+    seen = {}
     for i, row in enumerate(rows, start=1):
         if "question" in row and "family" not in row:
             row, bad = question_row(row)
@@ -214,19 +276,15 @@ def load_task_file(path: str, default_split: str = "train", only_split: str | No
                 "level": int(r["level"]),
                 "prompt": r["prompt"],
                 "answer": str(r["answer"]),
-                "split": r.get("split") or default_split,
+                "split": row_split(r, default_split),
                 "metadata": r["metadata"]
                 if isinstance(r.get("metadata"), str)
-                else json.dumps(r.get("metadata") or {}),
+                else json.dumps({} if _missing(r.get("metadata")) else r["metadata"]),
             }
             for r in rows
         ],
         columns=list(TASK_COLUMNS),
     )
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _summary(path, problems: list[str], what: str = "task file") -> str:

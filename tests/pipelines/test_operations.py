@@ -55,6 +55,7 @@ def test_make_clean_on_a_home_with_a_space_deletes_the_home_and_nothing_else(tmp
     neighbour.mkdir(exist_ok=True)
     assert not (REPO / "b").exists(), "the repository has a ./b: this test would delete it if the recipe broke"
     (home / "state").write_text("x")
+    (home / "flywheel.json").write_text(json.dumps({"profile": "micro"}))  # what makes it a home `make clean` deletes
     try:
         proc = make(home, "clean")
         assert proc.returncode == 0, proc.stderr
@@ -94,7 +95,9 @@ def test_every_recipe_quotes_the_home_and_the_shell_lint_refuses_one_that_does_n
     for part in ("Makefile", "scripts", "configs", ".ci"):
         (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, copy / part)
     makefile = copy / "Makefile"
-    makefile.write_text(makefile.read_text().replace('rm -rf "$$FLYWHEEL_HOME"', "rm -rf $(FLYWHEEL_HOME)"))
+    recipe = "\t@python3 scripts/clean_home.py\n"  # the old recipe, unquoted, in its place
+    assert recipe in makefile.read_text()
+    makefile.write_text(makefile.read_text().replace(recipe, "\trm -rf $(FLYWHEEL_HOME)\n"))
     broken = subprocess.run(
         ["bash", "scripts/lint_shell.sh"], cwd=copy, env={**_env(None), "PATH": tools}, capture_output=True, text=True
     )
@@ -104,6 +107,51 @@ def test_every_recipe_quotes_the_home_and_the_shell_lint_refuses_one_that_does_n
 
 
 # --- 8. the smaller refusals ---------------------------------------------------------------------
+
+
+@pytest.mark.integrity
+def test_make_clean_deletes_only_a_flywheel_home(tmp_path):
+    """`make clean` used to delete whatever FLYWHEEL_HOME named (a folder with precious.txt: rc 0,
+    gone). Now only a home `make run` made (its flywheel.json with the home's profile); any other
+    folder is refused naming what it holds, and nothing is deleted."""
+    precious = tmp_path / "documents"
+    precious.mkdir()
+    (precious / "precious.txt").write_text("years of work")
+    not_a_record = tmp_path / "not-a-record"
+    not_a_record.mkdir()
+    (not_a_record / "flywheel.json").write_text("[]")
+    link = tmp_path / "link"
+    link.symlink_to(precious)
+    for folder, says in (
+        (precious, f"FLYWHEEL_HOME {precious} is not a flywheel home: it has no flywheel.json"),
+        (not_a_record, "is not a flywheel home"),
+        (link, f"FLYWHEEL_HOME {link} is a symbolic link (to {precious})"),
+    ):
+        proc = make(folder, "clean", timeout=60)
+        assert proc.returncode != 0 and says in proc.stdout and "nothing deleted" in proc.stdout, proc.stdout
+    assert (precious / "precious.txt").read_text() == "years of work" and (not_a_record / "flywheel.json").exists()
+    assert link.is_symlink()
+    # nothing to do: an absent home, an empty folder (left as it is)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder, says in ((tmp_path / "absent", "does not exist"), (empty, "is an empty folder")):
+        proc = make(folder, "clean", timeout=60)
+        assert proc.returncode == 0 and f"{says}: nothing to delete" in proc.stdout, proc.stdout
+    assert empty.is_dir()
+    # a home is deleted, unless a run holds it
+    import fcntl
+
+    home = tmp_path / "home"
+    (home / "dagster").mkdir(parents=True)
+    (home / "flywheel.json").write_text(json.dumps({"profile": "micro", "lineage": {}}))
+    with open(home / "flywheel.lock", "w") as lock:
+        lock.write('{"command": "make run", "pid": 1}')
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = make(home, "clean", timeout=60)
+    assert proc.returncode != 0 and "is held by a make run or resume" in proc.stdout and home.is_dir(), proc.stdout
+    proc = make(home, "clean", timeout=60)
+    assert proc.returncode == 0 and f"deleted FLYWHEEL_HOME {home}" in proc.stdout and not home.exists()
 
 
 def test_an_empty_flywheel_home_is_refused_not_taken_for_the_current_directory(tmp_path, capsys, monkeypatch):
