@@ -47,8 +47,9 @@ from verifiers.shaping import Candidate
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.8
 LIMITS = SandboxLimits()  # the service is started with the same (its CLI defaults)
-# uids apart from a training run's pool (DEFAULT_UID_BASE) and from each other
-UID_BASE_IN_PROCESS, UID_BASE_SERVICE = DEFAULT_UID_BASE + 30_000_000, DEFAULT_UID_BASE + 30_000_100
+# The in-process pool takes an allocated uid range (as every pool that names none); the service's
+# CLI takes an explicit base, one no allocated range or other explicit caller uses.
+UID_BASE_SERVICE = DEFAULT_UID_BASE + 30_000_100
 TASK = {
     "task_id": "c",
     "family": "code",
@@ -145,7 +146,7 @@ def run(calls: int, rounds: int, pool_size: int) -> dict:
     load_start = os.getloadavg()
     with (
         service(pool_size) as (url, token),
-        BubblewrapSandbox(LIMITS, pool_size, uid_base=UID_BASE_IN_PROCESS) as local,
+        BubblewrapSandbox(LIMITS, pool_size) as local,
         HTTPSandbox(url, token, LIMITS, concurrency=2 * pool_size) as remote,
     ):
         for i in range(rounds):

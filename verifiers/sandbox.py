@@ -49,14 +49,19 @@ from typing import Protocol, runtime_checkable
 
 TRUNCATION_MARKER = "...[truncated]"
 # Unprivileged ids that own no host files; one per pool slot so RLIMIT_NPROC
-# (which counts processes per uid, system-wide) is not shared between workers.
+# (which counts processes per uid, system-wide) is not shared between workers. Pools
+# that pass no uid_base get a range of their own (verifiers/sandbox_host.py::UidLease);
+# this base is for explicit callers (tests pick theirs above it).
 DEFAULT_UID_BASE = 1_500_000_000
-# Host directories that may hold credentials, datasets or answer keys; masked
-# with an empty tmpfs so policy code cannot read them (reward-hacking guard).
+# Host directories that may hold credentials, datasets or answer keys. The code's filesystem
+# is an allowlist (sandbox_host.view_args) that mounts none of them; these, FLYWHEEL_HOME, the
+# model cache and the working dir are also masked with an empty tmpfs wherever they lie inside
+# what is bound (reward-hacking guard).
 DEFAULT_HIDDEN_PATHS = ("/root", "/home", "/work", "/mnt", "/srv", "/media", "/run")
 # Capabilities the (trusted) worker needs: mount and unmount the per-call scratch tmpfs,
-# drop to the sandbox uid in the child, kill/reap leftovers.
-_WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN")
+# drop to the sandbox uid in the child, kill/reap leftovers, and pin the OOM killer's choice
+# (itself never, the code first and for good: oom_score_adj below its minimum needs SYS_RESOURCE).
+_WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE")
 _SETUP_EXIT, _SETUP_MARKER = 121, "sandbox setup failed"
 # Same path on every call (reproducible for the policy): a fresh tmpfs per call, mounted
 # by the worker in its private /tmp and unmounted after the call (_Scratch).
@@ -255,7 +260,14 @@ _DENIED_SYSCALLS = {
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
 }
-_DENIED_TO_CODE = {"mount": (165, 40), "umount2": (166, 39)}
+_DENIED_TO_CODE = {
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    # memory outside RLIMIT_AS and outside the scratch tmpfs (40 memfds of 8 MiB: 320 MB under a
+    # 256 MB memory_mb); the worker itself uses memfds for the call's stdin/stdout/stderr
+    "memfd_create": (319, 279),
+    "memfd_secret": (447, 447),
+}
 _CLONE_NR = {"x86_64": 56, "aarch64": 220}  # allowed unless it asks for new namespaces
 _CLONE3_NR = 435  # its flags sit behind a pointer BPF cannot read: ENOSYS, libc falls back to clone
 _CLONE_NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
@@ -387,7 +399,8 @@ class _Scratch:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
         self._libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        size = max(64, 4 * limits.max_file_mb) * 1024 * 1024
+        # tmpfs pages are memory: the scratch fits in the call's memory bound (memory_mb)
+        size = min(max(64, 4 * limits.max_file_mb), limits.memory_mb) * 1024 * 1024
         # nr_inodes counts the tmpfs root too, and tmpfs charges every extra hard link as an inode
         self._options = (f"size={size},nr_inodes={limits.max_files + 1},mode=0700,uid={uid},gid={uid}").encode()
         os.mkdir(SCRATCH_DIR, 0o755)  # the mount point, in this worker's private /tmp
@@ -463,6 +476,10 @@ def _prepare_for_children(uid: int, limits: SandboxLimits) -> _WorkerState:
     # PR_SET_CHILD_SUBREAPER: orphans of the code are reparented to us, so we
     # can reap them (resetting the uid's process count) before the next call.
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+    try:  # never the OOM killer's victim, where the host lets us (CAP_SYS_RESOURCE in its bounding set)
+        _set_oom_score_adj(-1000)
+    except PermissionError:
+        pass  # then the code's processes are still first (1000), but may go back down to 0
     machine = os.uname().machine
     _confiner(_seccomp_program(machine))()  # once, inherited by every child
     state = _WorkerState(
@@ -568,6 +585,7 @@ def _child_main(code: str, fds: list[int], state: _WorkerState) -> None:
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # incl. the worker's protocol pipes
         _apply_rlimits(state.limits)
+        _set_oom_score_adj(1000)  # first to die on an OOM, its cgroup's or the host's; a floor it keeps
         os.setgroups([])
         os.setgid(state.uid)
         os.setuid(state.uid)  # from here on no capabilities: RLIMIT_NPROC is enforced
@@ -581,6 +599,15 @@ def _child_main(code: str, fds: list[int], state: _WorkerState) -> None:
         exit_code = _run_code(code)
     finally:
         os._exit(exit_code)
+
+
+def _set_oom_score_adj(value: int) -> None:
+    """With CAP_SYS_RESOURCE this also sets the floor the process and its forks may go back to."""
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
 
 
 def _apply_rlimits(limits: SandboxLimits) -> None:
@@ -655,10 +682,12 @@ def _process_tree(pid: int) -> list[int]:
 class _Worker:
     """One bwrap'd worker process, spoken to over its stdin/stdout pipes."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], cgroup=None) -> None:
         import tempfile
 
         self.argv = argv
+        self.cgroup = cgroup  # sandbox_host.MemoryCgroup or None: the worker is moved in once ready
+        self.oom_kills = 0  # the cgroup's count when last looked at
         self.proc: subprocess.Popen | None = None
         self.stderr_log = tempfile.TemporaryFile()  # a file, not a pipe: can never block the worker
 
@@ -675,6 +704,7 @@ class _Worker:
                 bufsize=0,
             )
             _read_frame(self.proc.stdout.fileno(), time.monotonic() + startup_timeout_s)
+            self._enter_cgroup()
         except (OSError, EOFError, TimeoutError, ValueError) as exc:
             self.kill()
             self.stderr_log.seek(0)
@@ -682,6 +712,19 @@ class _Worker:
             raise RuntimeError(
                 f"bubblewrap ({self.argv[0]}) failed to start the sandbox worker: {exc!r}; stderr: {err or '<empty>'}"
             ) from exc
+
+    def _enter_cgroup(self) -> None:
+        """Move the worker (not bwrap) into its memory cgroup; it has forked nothing yet, and each
+        call's processes start there. Charges from before stay where they were."""
+        if self.cgroup is None:
+            return
+        from verifiers.sandbox_host import worker_pid
+
+        pid = worker_pid(self.proc.pid)
+        if pid is None:
+            raise OSError("sandbox worker process not found under bwrap")
+        self.cgroup.attach(pid)
+        self.oom_kills = self.cgroup.oom_kills()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -713,24 +756,15 @@ class _Worker:
             self.proc.wait()
 
 
-def _rebind_args(path: str, masked: list[str]) -> list[str]:
-    """bwrap args making `path` visible again if it lies under a masked dir.
-
-    bwrap creates missing parents of a bind target with mode 0700, which the
-    sandbox uid could not traverse, so they are created explicitly as 0755.
-    """
-    for top in masked:
-        if path == top or path.startswith(top + "/"):
-            args, parent = [], top
-            for part in os.path.relpath(path, top).split("/")[:-1]:
-                parent = os.path.join(parent, part)
-                args += ["--perms", "0755", "--dir", parent]
-            return args + ["--ro-bind", path, path]
-    return []
-
-
 class BubblewrapSandbox:
-    """Pool of warm, bubblewrap-confined workers; see the module docstring."""
+    """Pool of warm, bubblewrap-confined workers; see the module docstring.
+
+    `uid_base`: the first of the pool_size uids the code runs as; None (the default) takes a
+    range no other pool on this host holds (sandbox_host.UidLease), released by close() or
+    when the process ends. `hidden_paths`: dirs masked even where they lie inside the bound
+    system dirs; None: DEFAULT_HIDDEN_PATHS plus FLYWHEEL_HOME, the model cache and the
+    working dir (sandbox_host.default_hidden_paths).
+    """
 
     def __init__(
         self,
@@ -738,10 +772,12 @@ class BubblewrapSandbox:
         pool_size: int = 2,
         *,
         bwrap_path: str | None = None,
-        uid_base: int = DEFAULT_UID_BASE,
-        hidden_paths: tuple[str, ...] = DEFAULT_HIDDEN_PATHS,
+        uid_base: int | None = None,
+        hidden_paths: tuple[str, ...] | None = None,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
+
+        from verifiers import sandbox_host
 
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
@@ -752,10 +788,23 @@ class BubblewrapSandbox:
                 "executable; install bubblewrap or use make_sandbox('docker', ...)"
             )
         self.limits = limits or SandboxLimits()
+        self._lease = sandbox_host.UidLease.acquire(pool_size) if uid_base is None else None
+        uid_base = self._lease.base if self._lease is not None else uid_base
         self.uids = tuple(range(uid_base, uid_base + pool_size))  # the code runs as one of these
+        hidden = sandbox_host.default_hidden_paths(DEFAULT_HIDDEN_PATHS) if hidden_paths is None else hidden_paths
+        view = sandbox_host.view_args(hidden, sandbox_host.interpreter_prefixes())
         with open(__file__, encoding="utf-8") as fh:
             source = fh.read()
-        self._workers = [_Worker(self._argv(binary, source, uid_base + i, hidden_paths)) for i in range(pool_size)]
+        mb = 1024 * 1024
+        # The call's memory, its stdout/stderr memfds (RLIMIT_FSIZE each) and the worker's own
+        # per-call pages (the child's copies of the pages it writes before exec'ing the code)
+        cgroup_bytes = (self.limits.memory_mb + 2 * self.limits.max_file_mb + 16) * mb
+        self._workers = [
+            _Worker(self._argv(binary, source, uid, view), sandbox_host.MemoryCgroup.create(str(uid), cgroup_bytes))
+            for uid in self.uids
+        ]
+        # "cgroup v2" / "cgroup v1": all memory of a call is bounded; None: per process only
+        self.memory_bound = next((f"cgroup v{w.cgroup.version}" for w in self._workers if w.cgroup), None)
         # bwrap --die-with-parent fires when the *thread* that spawned it exits, so
         # all (re)starts happen on one thread that lives as long as the sandbox.
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawn")
@@ -772,13 +821,12 @@ class BubblewrapSandbox:
             self.close()
             raise
 
-    def _argv(self, binary: str, source: str, uid: int, hidden: tuple[str, ...]) -> list[str]:
-        # /tmp is root's and holds only mount points (the scratch tmpfs, rebinds below)
+    def _argv(self, binary: str, source: str, uid: int, view: list[str]) -> list[str]:
+        # The code's filesystem is `view` on an empty root (sandbox_host.view_args), read-only;
+        # /dev is bwrap's minimal one, read-only too: its /dev/shm is a root-owned dir on an
+        # unbounded tmpfs, so no POSIX shm or other files there.
         argv = [
             binary,
-            "--ro-bind",
-            "/",
-            "/",
             "--unshare-net",
             "--unshare-pid",
             "--unshare-ipc",
@@ -788,28 +836,22 @@ class BubblewrapSandbox:
             "sandbox",
             "--die-with-parent",
             "--new-session",
+            *view,
             "--dev",
+            "/dev",
+            "--remount-ro",
             "/dev",
             "--proc",
             "/proc",
-            "--perms",
-            "0755",
-            "--size",
-            str(1024 * 1024),
-            "--tmpfs",
-            "/tmp",
+            "--remount-ro",
+            "/",
+            "--cap-drop",
+            "ALL",
         ]
-        masked = [p for p in hidden if os.path.isdir(p) and not os.path.islink(p)]
-        for path in masked:
-            argv += ["--tmpfs", path]
-        # The interpreter may live under a masked dir (pyenv in /root) or /tmp: bind it back.
-        exe = os.path.realpath(sys.executable)
-        for prefix in sorted({os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(exe))}):
-            argv += _rebind_args(prefix, [*masked, "/tmp"])
-        argv += ["--cap-drop", "ALL"]
         for cap in _WORKER_CAPS:
             argv += ["--cap-add", cap]
         config = {"uid": uid, "limits": asdict(self.limits)}
+        exe = os.path.realpath(sys.executable)
         return argv + ["--", exe, "-I", "-S", "-c", source, "--worker", json.dumps(config)]
 
     def run_python(self, code: str, *, stdin: str = "") -> SandboxResult:
@@ -833,11 +875,24 @@ class BubblewrapSandbox:
             # catches a wedged or dead worker.
             reply = worker.call(request, self.limits.timeout_s + 10.0)
         except _WorkerDied as exc:
+            oom_killed = self._oom_killed(worker)  # before the restart resets the count
             self._replace(worker)
+            if oom_killed:  # the call's memory took the worker with it: the code's doing
+                return SandboxResult("", "", -signal.SIGKILL, False, time.monotonic() - start, "memory")
             return failure_result(f"worker died: {exc}", time.monotonic() - start)
         if reply.pop("retire", False):  # it could not clean up after the call, and has exited
             self._replace(worker)
+        if reply["exit_code"] == -signal.SIGKILL and not reply["timed_out"] and self._oom_killed(worker):
+            reply["error"] = "memory"  # the kernel killed it for the cgroup's memory limit
         return SandboxResult(**reply)
+
+    @staticmethod
+    def _oom_killed(worker: _Worker) -> bool:
+        """Whether the kernel OOM-killed in `worker`'s cgroup since this was last asked."""
+        if worker.cgroup is None:
+            return False
+        seen, worker.oom_kills = worker.oom_kills, worker.cgroup.oom_kills()
+        return worker.oom_kills > seen
 
     def _replace(self, worker: _Worker) -> None:
         """Restart `worker` before it serves again; if that fails, the next call retries."""
@@ -877,7 +932,11 @@ class BubblewrapSandbox:
         for worker in self._workers:
             worker.kill()
             worker.stderr_log.close()
+            if worker.cgroup is not None:
+                worker.cgroup.remove()
         self._spawner.shutdown(wait=True)
+        if self._lease is not None:
+            self._lease.release()
 
     def __enter__(self) -> BubblewrapSandbox:
         return self

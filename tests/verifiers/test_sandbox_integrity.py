@@ -384,3 +384,220 @@ def test_filters_refuse_memory_access_mounts_and_unscoped_sockets(machine):
         assert run_filter(child, arch, nr[name], *args) == ALLOW, (name, args)
     other = AUDIT_ARCH["aarch64" if machine == "x86_64" else "x86_64"]
     assert run_filter(worker, other, nr["read"]) == run_filter(child, other, nr["read"]) == KILL
+
+
+# --- security review items 3, 8, 10: memory outside RLIMIT_AS, shared uids, a home in view ------
+
+MEMFDS = """
+import errno, os
+held = 0
+try:
+    for i in range(40):
+        fd = os.memfd_create(f"hold{i}")
+        os.write(fd, b"\\1" * (8 << 20))
+        held += 8
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno])
+print("held", held)
+"""
+
+
+def test_memfds_cannot_hold_memory_outside_the_limit():
+    """The review's reproduction: 40 memfds of 8 MiB each held 320 MB in one process under a
+    256 MB memory_mb (memfd pages are not in RLIMIT_AS). memfd_create is refused to the code."""
+    with pool(SandboxLimits(timeout_s=10.0, memory_mb=256)) as box:
+        result = box.run_python(MEMFDS)
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines() == ["refused EPERM", "held 0"]
+
+
+SHARED_MEMORY = """
+import ctypes, errno, os
+for path in ("/dev/shm/hold", "/dev/shm/sem.hold"):
+    try:
+        open(path, "wb").write(b"x")
+        print("wrote", path)
+    except OSError as exc:
+        print(path, errno.errorcode[exc.errno])
+try:
+    import _posixshmem
+    _posixshmem.shm_open("/hold", os.O_CREAT | os.O_RDWR, 0o600)
+    print("shm_open ok")
+except OSError as exc:
+    print("shm_open", errno.errorcode[exc.errno])
+libc = ctypes.CDLL(None, use_errno=True)
+print("shmget", libc.shmget(0, 1 << 20, 0o1600), errno.errorcode[ctypes.get_errno()])  # IPC_PRIVATE, IPC_CREAT
+"""
+
+
+def test_posix_and_sysv_shared_memory_are_refused():
+    """/dev/shm is a read-only, root-owned dir (no POSIX shm, no named semaphores there); SysV
+    segments, which outlive the call in the worker's IPC namespace, are refused by seccomp."""
+    with pool(SandboxLimits(timeout_s=5.0)) as box:
+        result = box.run_python(SHARED_MEMORY)
+    assert result.ok, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:2]] == ["/dev/shm/hold", "/dev/shm/sem.hold"]
+    assert all(line.split()[1] in ("EROFS", "EACCES") for line in lines[:2]), lines
+    assert lines[2].split()[0] == "shm_open" and lines[2].split()[1] in ("EROFS", "EACCES"), lines
+    assert lines[3] == "shmget -1 EPERM"
+
+
+PROCESSES_HOLDING = """
+import os, time
+pids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = b"\\1" * (100 << 20)  # touched: 100 MB resident, under RLIMIT_AS (128 MB)
+        print("held", i, flush=True)
+        time.sleep(2)
+        os._exit(0)
+    pids.append(pid)
+print("exits", [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids])
+"""
+
+
+def test_the_processes_of_a_call_share_one_memory_bound():
+    """RLIMIT_AS is per process: 4 processes held 4 x 100 MB under memory_mb = 128. The worker's
+    memory cgroup bounds them together (memory_mb + the output buffers + 16 MB); without one on
+    this host the test skips (the seccomp and tmpfs bounds above still hold)."""
+    from verifiers.sandbox_host import memory_cgroup_parent
+
+    if memory_cgroup_parent() is None:
+        pytest.skip("no writable memory cgroup (v2 with memory delegated, or v1) on this host")
+    limits = SandboxLimits(timeout_s=10.0, memory_mb=128)
+    with pool(limits) as box:
+        result = box.run_python(PROCESSES_HOLDING)
+        after = box.run_python("print('ok')")
+    bound_mb = limits.memory_mb + 2 * limits.max_file_mb + 16
+    held = [line for line in result.stdout.splitlines() if line.startswith("held")]
+    assert len(held) * 100 <= bound_mb, result
+    assert result.stdout.splitlines()[-1].startswith("exits") and "-9" in result.stdout, result
+    assert after.ok and after.stdout == "ok\n"  # the worker survived its call's OOM
+
+
+HOG = """
+import os, time
+if os.fork() == 0:
+    block = b"\\1" * (80 << 20)
+    time.sleep(3)
+    os._exit(0)
+time.sleep(0.5)
+block = b"\\2" * (130 << 20)  # under RLIMIT_AS (160 MB), over what is left of the cgroup's bound
+print("not killed")
+"""
+
+
+def test_a_call_killed_for_its_cgroup_bound_reports_memory():
+    """The kernel's OOM kill in the worker's cgroup (its largest process: the code's main one) is
+    `error == "memory"`, as a MemoryError is, and the worker serves the next call."""
+    from verifiers.sandbox_host import memory_cgroup_parent
+
+    if memory_cgroup_parent() is None:
+        pytest.skip("no writable memory cgroup on this host")
+    with pool(SandboxLimits(timeout_s=10.0, memory_mb=160)) as box:
+        result = box.run_python(HOG)
+        after = box.run_python("print('ok')")
+    assert (result.exit_code, result.error, result.stdout) == (-9, "memory", ""), result
+    assert after.ok and after.stdout == "ok\n"
+
+
+def test_pools_get_disjoint_uid_ranges():
+    """Every pool used DEFAULT_UID_BASE, so RLIMIT_NPROC (per uid, host-wide) was shared by the
+    training, benchmark, serve and audit pools. Now each takes a range under an flock."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from verifiers.sandbox_host import ALLOCATED_UID_BASE, UID_RANGE_SIZE, UidLease, _lock_dir
+
+    limits = SandboxLimits(timeout_s=2.0)
+    with BubblewrapSandbox(limits, 2) as first, BubblewrapSandbox(limits, 2) as second:
+        assert not set(first.uids) & set(second.uids)
+        other = subprocess.Popen(
+            [sys.executable, "-c", "from verifiers.sandbox_host import UidLease; import time; "
+             "print(UidLease.acquire(8).base, flush=True); time.sleep(60)"],
+            stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        )  # fmt: skip
+        try:
+            base = int(other.stdout.readline())
+            assert not {*first.uids, *second.uids} & set(range(base, base + UID_RANGE_SIZE))
+        finally:
+            other.kill()  # a crash: the kernel drops its lock with its last fd
+            other.wait()
+    lock = f"{_lock_dir()}/{(base - ALLOCATED_UID_BASE) // UID_RANGE_SIZE}.lock"
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+    finally:
+        os.close(fd)
+    lease = UidLease.acquire(2)
+    lease.release()
+
+
+HOLD_THREADS = """
+import threading, time
+threads = [threading.Thread(target=time.sleep, args=({seconds},)) for _ in range({count})]
+for t in threads:
+    t.start()
+print("started", len(threads))
+"""
+
+
+def test_a_pool_holding_its_threads_does_not_starve_another():
+    """Pool A's call holds max_processes tasks (its process + 3 threads); pool B's call, meanwhile,
+    starts threads of its own. With one uid base B got `can't start new thread`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    limits = SandboxLimits(timeout_s=5.0, max_processes=4)
+    with BubblewrapSandbox(limits, 1) as a, BubblewrapSandbox(limits, 1) as b, ThreadPoolExecutor(1) as ex:
+        holding = ex.submit(a.run_python, HOLD_THREADS.format(seconds=2.0, count=3))
+        time.sleep(0.7)
+        starved = b.run_python(HOLD_THREADS.format(seconds=0.1, count=3))
+        held = holding.result()
+    assert held.ok and held.stdout == "started 3\n", held
+    assert starved.ok and starved.stdout == "started 3\n", starved
+
+
+READ_HOME = """
+import os
+for path in {paths!r}:
+    try:
+        print("READ", path, open(path).read())
+    except OSError as exc:
+        print(type(exc).__name__, path)
+"""
+
+
+def _trainer_state(parent: str) -> tuple[str, str, list[str]]:
+    home = tempfile.mkdtemp(prefix="flywheel-home-", dir=parent)
+    cache = tempfile.mkdtemp(prefix="flywheel-models-", dir=parent)
+    files = [f"{home}/training_tasks/all.parquet", f"{cache}/tiny/config.json"]
+    for path in files:
+        os.makedirs(os.path.dirname(path))
+        with open(path, "w") as fh:
+            fh.write("answer key")
+        os.chmod(path, 0o644)
+    for path in (home, cache, *(os.path.dirname(p) for p in files)):
+        os.chmod(path, 0o755)  # world-readable: only the sandbox's view keeps them out
+    return home, cache, files
+
+
+@pytest.mark.parametrize("parent", ["/var/tmp", "/usr/local/share"])
+def test_trainer_home_and_model_cache_are_not_readable(monkeypatch, parent):
+    """A FLYWHEEL_HOME outside the masked dirs (/var/tmp) was readable: training_tasks/all.parquet.
+    The view is an allowlist (/var is not in it); a home inside a bound dir (/usr/local) is masked."""
+    if not os.access(parent, os.W_OK):
+        pytest.skip(f"cannot create a trainer home under {parent}")
+    home, cache, files = _trainer_state(parent)
+    try:
+        monkeypatch.setenv("FLYWHEEL_HOME", home)
+        monkeypatch.setenv("FLYWHEEL_MODEL_CACHE", cache)
+        with pool(SandboxLimits(timeout_s=5.0)) as box:
+            result = box.run_python(READ_HOME.format(paths=files))
+    finally:
+        shutil.rmtree(home)
+        shutil.rmtree(cache)
+    assert result.ok, result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["FileNotFoundError"] * 2, result.stdout
