@@ -12,9 +12,11 @@ limits `SandboxResource` builds), `Candidate(policy_turns, num_policy_tokens, to
 test (wrong by construction, a family oracle, or differential testing for code):
 
     rewarded wrong    outcome > truth: the finding this tool exists for (exit status 1)
+    escaped           outcome None for a wrong answer (truth < 1): a group with an unscorable member
+                      never trains, so the answer escapes its 0; a finding like rewarded wrong
     slow              one scoring took longer than --slow-seconds (aborted at --hang-seconds)
     false negative    outcome < truth: a right answer under-rewarded (information)
-    unscorable        outcome None; not judged: truth None (value-equal notations), both counted
+    unscorable        outcome None (escaped ones included); not judged: truth None, both counted
 
 `--variants` scores every arithmetic/search attempt again under reward configs users can pick:
 strip_units (math with `strip_units: true`) and token_f1 (search scored by token F1). Prints
@@ -47,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.fuzz_attacks.arithmetic  # noqa: E402, F401  (each family's module registers its attack classes)
 import benchmarks.fuzz_attacks.code  # noqa: E402, F401
 import benchmarks.fuzz_attacks.search  # noqa: E402, F401
+import benchmarks.fuzz_attacks.unscorable  # noqa: E402, F401  (every family's `unscorable` class)
 from benchmarks.fuzz_attacks import ATTACKS, AttackClass, Attempt, World  # noqa: E402
 from configs import FlywheelConfig, load_profile  # noqa: E402
 from environments import families  # noqa: E402
@@ -99,6 +102,7 @@ class Tally:
 
     scored: int = 0
     rewarded_wrong: int = 0
+    escaped: int = 0  # a wrong answer (truth < 1) scored unscorable: it escapes its 0
     false_negatives: int = 0
     unscorable: int = 0
     slow: int = 0
@@ -308,6 +312,9 @@ def _record(entry: ClassReport, variant: str, attempt: Attempt, task: dict, scor
         kinds.append("slow")
     if scored.outcome is None:
         tally.unscorable += 1
+        if attempt.truth is not None and attempt.truth < 1 - EPS and not scored.aborted:
+            tally.escaped += 1
+            kinds.append("escaped")
     elif attempt.truth is None:
         tally.not_judged += 1
         tally.not_judged_rewarded += scored.outcome > 0
@@ -418,7 +425,8 @@ def fuzz_family(world: World, classes: list[AttackClass], scorers: list[Scorer],
 
 def _progress(report: FamilyReport, seconds: float) -> None:
     found = ", ".join(
-        f"{v}: {report.total(v).rewarded_wrong} rewarded wrong, {report.total(v).slow} slow" for v in report.variants
+        f"{v}: {report.total(v).rewarded_wrong} rewarded wrong, {report.total(v).escaped} escaped, {report.total(v).slow} slow"
+        for v in report.variants
     )
     print(
         f"[{report.family}] {report.attempts} attempts in {seconds:.0f} s ({report.attempts / max(seconds, 1e-9):.0f}/s); {found}",
@@ -464,7 +472,7 @@ def run_fuzz(fc: FuzzConfig) -> list[FamilyReport]:
 
 
 def findings(reports: list[FamilyReport]) -> int:
-    return sum(r.total(v).rewarded_wrong + r.total(v).slow for r in reports for v in r.variants)
+    return sum(r.total(v).rewarded_wrong + r.total(v).escaped + r.total(v).slow for r in reports for v in r.variants)
 
 
 # --- the report --------------------------------------------------------------------------------------
@@ -526,14 +534,14 @@ def to_markdown(reports: list[FamilyReport], fc: FuzzConfig) -> str:
     lines = [
         f"Reward fuzz: profile `{fc.profile}`, seed {fc.seed}, commit {commit['commit']}{' (dirty tree)' if commit['dirty'] else ''}.",
         "",
-        "| family | variant | attempts | rewarded wrong | slow | false negatives | unscorable | not judged (rewarded) | attempts/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| family | variant | attempts | rewarded wrong | escaped | slow | false negatives | unscorable | not judged (rewarded) | attempts/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
         for v in r.variants:
             t = r.total(v)
             lines.append(
-                f"| {r.family} | {v} | {r.attempts:,} | {t.rewarded_wrong} | {t.slow} | {t.false_negatives} | {t.unscorable} "
+                f"| {r.family} | {v} | {r.attempts:,} | {t.rewarded_wrong} | {t.escaped} | {t.slow} | {t.false_negatives} | {t.unscorable} "
                 f"| {t.not_judged} ({t.not_judged_rewarded}) | {r.attempts / max(r.seconds, 1e-9):,.0f} |"
             )
     for r in reports:
@@ -542,14 +550,15 @@ def to_markdown(reports: list[FamilyReport], fc: FuzzConfig) -> str:
             "",
             f"### {r.family} ({r.tasks} tasks, stopped by {r.stopped_by}; columns per variant: {order})",
             "",
-            "| class | issue | what it attacks | attempts | rewarded wrong | slow | false negatives | unscorable |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
+            "| class | issue | what it attacks | attempts | rewarded wrong | escaped | slow | false negatives | unscorable |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|",
         ]
         for c in r.classes.values():
             known = f"#{c.known}" if c.known else ""
             lines.append(
                 f"| `{c.name}`{' (exhausted)' if c.exhausted else ''} | {known} | {c.doc} | {c.attempts:,} "
-                f"| {_cells(c.tallies, r.variants, 'rewarded_wrong')} | {_cells(c.tallies, r.variants, 'slow')} "
+                f"| {_cells(c.tallies, r.variants, 'rewarded_wrong')} | {_cells(c.tallies, r.variants, 'escaped')} "
+                f"| {_cells(c.tallies, r.variants, 'slow')} "
                 f"| {_cells(c.tallies, r.variants, 'false_negatives')} | {_cells(c.tallies, r.variants, 'unscorable')} |"
             )
     shown = [

@@ -3,7 +3,9 @@
 A verifier takes the policy's single final answer and the task row, and returns a `Verdict`:
 a score in [0, 1], or `None` when the task cannot be scored (a bad gold answer, a sandbox that
 failed to start). `None` is counted and reported as *unscorable*, never silently turned into
-0 or 1. `details` says why, for audit.
+0 or 1. `details` says why, for audit. Unscorable is for the task and the machinery only: a group
+with an unscorable member never trains, so a failure the *candidate* caused (its output, its
+exceptions, what it wrote where the verifier reads) must be a 0, flagged `candidate_fault`.
 
     @register("numeric")
     def numeric(prediction, task, *, rel_tol=1e-6) -> Verdict: ...
@@ -35,6 +37,9 @@ Task = Mapping[str, Any]
 class Verdict:
     score: float | None  # in [0, 1]; None = unscorable
     details: str = ""
+    # The score is 0 because the candidate broke the verifier's machinery (its protocol stream,
+    # its sandbox run): what would otherwise look unscorable. Counted (verifier/<tier>/candidate_faults).
+    candidate_fault: bool = False
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class TierStats:
     calls: int = 0
     passed: int = 0
     unscorable: int = 0
+    candidate_faults: int = 0  # 0s the candidate earned by breaking the verifier's machinery
     seconds: float = 0.0
 
     def add(self, verdict: Verdict | None, seconds: float) -> None:
@@ -55,6 +56,8 @@ class TierStats:
             self.passed += 1
         elif verdict.score is None:
             self.unscorable += 1
+        if verdict is not None and verdict.candidate_fault:
+            self.candidate_faults += 1
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ def tier_metrics(stats: dict[str, TierStats], disagreements: int) -> dict[str, f
         out[f"verifier/{tier}/calls"] = float(s.calls)
         out[f"verifier/{tier}/pass_rate"] = s.passed / s.calls if s.calls else 0.0
         out[f"verifier/{tier}/unscorable"] = float(s.unscorable)
+        out[f"verifier/{tier}/candidate_faults"] = float(s.candidate_faults)
         out[f"verifier/{tier}/latency_ms"] = 1000 * s.seconds / s.calls if s.calls else 0.0
         out[f"verifier/{tier}/seconds"] = s.seconds
     out["verifier/strict/disagreements"] = float(disagreements)
@@ -250,3 +254,4 @@ def merge_stats(into: dict[str, TierStats], other: dict[str, TierStats]) -> None
         total = into.setdefault(tier, TierStats())
         total.calls, total.passed = total.calls + s.calls, total.passed + s.passed
         total.unscorable, total.seconds = total.unscorable + s.unscorable, total.seconds + s.seconds
+        total.candidate_faults += s.candidate_faults

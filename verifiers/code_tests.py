@@ -16,16 +16,17 @@ The candidate is the policy's final answer: Python source that defines `entry_po
 Threat model. The candidate is written by a policy optimized against this score, so it will
 find any way to make a test *report* success without being right. The defenses:
 
-* The boundary: the candidate never shares a process with what it is graded against. The
-  sandbox runs the candidate and answers *calls* (inputs in on stdin, outputs out on stdout, as
-  plain data); the tests run on the host, against proxies that return those answers, and the
-  comparison happens on the host (`verifiers/code_runner.py`: `run_tests`, `replay_test`). A test that needs one more answer
-  is replayed after one more sandbox run; `assert f(2) == 270` takes exactly one. Frames,
-  globals, code constants, files and stdin in the sandbox hold inputs only, and an object whose
-  `__eq__` lies never leaves it: results decode strictly to None, bool, int, float, complex, str,
-  bytes, list, tuple, dict, set or frozenset. Static name checks cannot win this race (issue 21:
-  a traceback walked by a format string assembled at run time read `assert f(2) == 270`); the
-  process boundary does not depend on them.
+* The boundary: the candidate never shares a process with what it is graded against, and the
+  tests never run on the host. One sandbox run answers *calls* (inputs in on stdin, outputs out
+  as plain data; the candidate runs in a child of the runner whose only way out is a pipe, and the
+  runner re-encodes each line within a byte budget); another replays the tests against proxies
+  that return those answers, and the comparison happens there (`verifiers/code_runner.py`:
+  `run_tests`). A test that needs one more answer is replayed after one more candidate run.
+  Frames, globals, code constants, files and stdin in the candidate's run hold inputs only, and
+  an object whose `__eq__` lies never leaves it: results decode strictly to None, bool, int,
+  float, complex, str, bytes, list, tuple, dict, set or frozenset. Static name checks cannot win
+  this race (issue 21: a traceback walked by a format string assembled at run time read
+  `assert f(2) == 270`); the process boundary does not depend on them.
 * Forged results (printing answer lines or "PASS", exiting 0, rebinding print / sys.stdout /
   sys.exit): what the candidate prints can only claim what its functions returned, which it
   could have returned anyway without knowing the expected values; lines that do not parse, or
@@ -33,10 +34,14 @@ find any way to make a test *report* success without being right. The defenses:
 * Exceptions: a builtin Exception raised by the candidate is re-raised in the test by type (so a
   test can expect ValueError); anything else (SystemExit, KeyboardInterrupt, its own classes)
   fails that test, named.
-* Test code is the task's (trusted, like its gold answer) and runs in the calling process on
-  plain data only; a test making more than MAX_CALLS_PER_TEST calls fails as a broken task.
+* Test code comes from task files (data from others): it runs in the sandbox, as the sandbox's
+  uid, on plain data only, never with the trainer's powers; a test making more than
+  MAX_CALLS_PER_TEST calls fails as a broken task.
+* Unscorable is attributed: a failure the candidate caused (its output, exceptions, what it
+  wrote on its pipe, a sandbox failure a control program does not share) is a 0, flagged
+  `candidate_fault`; only the machinery or the task is unscorable (docs/verifiers.md).
 * The static policy (`policy_violation`, checked by the cascade's fast tier *and* again here) is
-  defense in depth and the task's contract (`allowed_imports`): imports only from the allowed
+  defence in depth only, and the task's contract (`allowed_imports`): imports only from the allowed
   list; no dunders, no open/exec/eval/getattr/globals..., no frame attributes, no look-up of
   attributes by a runtime string; inside the sandbox the builtins lack the forbidden names and
   `import` is guarded.
@@ -61,7 +66,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from verifiers.base import Task, Verdict, register
-from verifiers.code_runner import Unscorable, run_tests
+from verifiers.code_runner import CANDIDATE_FAULT, Unscorable, run_tests
 
 GROUPS = ("fail_to_pass", "pass_to_pass", "held_out")
 MODES = ("fraction", "all_or_nothing")
@@ -121,7 +126,9 @@ _FRAME_ATTRS = (
     "f_builtins",
     "f_code",
 )
-FORBIDDEN_ATTRS = frozenset({*_FRAME_ATTRS, "attrgetter", "methodcaller", "Formatter"})
+# get_type_hints evaluates a class's string annotations with the real builtins (open, __import__):
+# defence in depth only, the sandbox's pipe to the runner is what holds (verifiers/code_runner.py).
+FORBIDDEN_ATTRS = frozenset({*_FRAME_ATTRS, "attrgetter", "methodcaller", "Formatter", "get_type_hints"})
 _DUNDER = re.compile(r"__\w+__")
 # In string constants: a dunder is type('X', (), {'__eq__': ...}); a frame attribute is
 # "{0.gi_frame.f_back.f_globals}".format(gen).
@@ -390,4 +397,5 @@ def unit_tests(
         return Verdict(None, str(exc))
     passed = [o is True for o in outcomes]
     score = sum(passed) / len(tests) if mode == "fraction" else float(all(passed))
-    return Verdict(score, _details(tests, outcomes, run_error))
+    fault = bool(run_error and run_error.startswith(CANDIDATE_FAULT))
+    return Verdict(score, _details(tests, outcomes, run_error), candidate_fault=fault)

@@ -301,8 +301,9 @@ def test_a_failure_named_pass_is_a_failure(sandbox, candidate):
     assert verdict.score == 0.0, verdict.details
 
 
-def test_tests_never_enter_the_sandbox(sandbox):
-    """A candidate free to walk the filesystem and read its stdin finds no test's code."""
+def test_tests_never_enter_the_candidates_run(sandbox):
+    """A candidate free to walk the filesystem and read its stdin finds no test's code; the tests
+    replay in runs of their own, which hold no candidate."""
     marker = "assert add(2, 3) == 5  # marker-7f3a"
     search = (
         "import os, sys\nFOUND = []\nfor top in ('.', '/tmp'):\n"
@@ -312,11 +313,23 @@ def test_tests_never_enter_the_sandbox(sandbox):
         "def add(a, b):\n    return a + b if not any(FOUND) else 0\n"
     )
     assert run_harness(sandbox, search, [{"name": "m", "code": marker, "group": "fail_to_pass"}]) == ["PASS"]
-    box = FakeSandbox(SandboxResult("", "", 0, False, 0.0, None))
     seen = []
-    box.run_python = lambda code, stdin="": seen.append(code + stdin) or box.result
-    verify(CORRECT, box)
-    assert seen and not any("== 5" in text or "assert" in text for text in seen)  # only calls and inputs
+
+    class Recording:
+        limits = sandbox.limits
+
+        def run_python(self, code, *, stdin=""):
+            seen.append((code, stdin))
+            return sandbox.run_python(code, stdin=stdin)
+
+    unique = "def add(a, b):\n    return a + b  # candidate-5d1e\n"
+    task = {"entry_point": "add", "tests": [{"name": "m", "code": marker, "group": "fail_to_pass"}]}
+    assert verify(unique, Recording(), task).score == 1.0
+    candidate_runs = [code + stdin for code, stdin in seen if "candidate-5d1e" in code]
+    replay_runs = [code + stdin for code, stdin in seen if "marker-7f3a" in stdin]
+    assert candidate_runs and replay_runs
+    assert not any("marker-7f3a" in text or "assert" in text for text in candidate_runs)  # only calls and inputs
+    assert not any("candidate-5d1e" in text for text in replay_runs)
 
 
 def test_a_test_with_several_calls_is_replayed_until_it_ends(sandbox):
@@ -415,10 +428,17 @@ def test_sandbox_failure_is_unscorable():
     assert verdict.score is None and "sandbox_failure: x" in verdict.details
 
 
-def test_results_lost_to_the_output_limit_are_unscorable_not_failures(sandbox):
-    # 6,000 answer lines > the 64 KiB stdout limit
+def test_answer_lines_past_the_output_limit_are_split_over_runs_not_lost(sandbox):
+    # 6,000 answer lines > the 64 KiB stdout limit: the calls go out in several runs, each of which
+    # fits, so no result is lost (a lost line would be a failure the candidate did not cause)
     tests = [{"name": f"t{i}", "code": f"assert add({i}, 1) == {i + 1}", "group": "fail_to_pass"} for i in range(6000)]
-    verdict = verify(CORRECT, sandbox, {"entry_point": "add", "tests": tests})
+    assert verify(CORRECT, sandbox, {"entry_point": "add", "tests": tests}).score == 1.0
+
+
+def test_a_test_too_large_for_the_output_limit_is_unscorable(quick_timeout):
+    box = FakeSandbox(SandboxResult("", "", 0, False, 0.0, None))
+    box.limits = SandboxLimits(max_output_bytes=100)
+    verdict = verify(CORRECT, box)
     assert verdict.score is None and "output limit" in verdict.details
 
 

@@ -1,5 +1,5 @@
 """The reward fuzzer on a small budget (issue 21): every attack class runs, through the training
-reward, and none of its wrong answers is rewarded or slow to score. The full run (100,000 attempts
+reward, and none of its wrong answers is rewarded, unscorable (escaped its 0) or slow to score. The full run (100,000 attempts
 per family) is `make fuzz`; docs/reward-fuzz.md has its figures."""
 
 import shutil
@@ -36,7 +36,8 @@ def _finding(family: str, cls, variant: str) -> str:
     example = next((e for e in cls.examples if e["variant"] == variant and e["kind"] != "false_negative"), {})
     t = cls.tallies[variant]
     return (
-        f"{family}/{cls.name} [{variant}]: {t.rewarded_wrong} rewarded wrong, {t.slow} slow of {cls.attempts}; "
+        f"{family}/{cls.name} [{variant}]: {t.rewarded_wrong} rewarded wrong, {t.escaped} escaped, {t.slow} slow "
+        f"of {cls.attempts}; "
         f"e.g. {example.get('turns', [''])[-1][:160]!r} for {example.get('prompt')!r} -> outcome {example.get('outcome')} "
         f"({example.get('details', '')[:80]})"
     )
@@ -57,6 +58,6 @@ def test_no_wrong_answer_is_rewarded(family):
         _finding(family, cls, v)
         for cls in report.classes.values()
         for v in report.variants
-        if cls.tallies[v].rewarded_wrong or cls.tallies[v].slow
+        if cls.tallies[v].rewarded_wrong or cls.tallies[v].escaped or cls.tallies[v].slow
     ]
-    assert not found, "wrong answers rewarded or slow to score:\n" + "\n".join(found)
+    assert not found, "wrong answers rewarded, unscorable (escaped) or slow to score:\n" + "\n".join(found)

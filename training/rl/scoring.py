@@ -151,6 +151,8 @@ def reward_summary(rows: list[dict], tier_stats: dict[str, TierStats], disagreem
         "reward/mean": sum(r["reward"] for r in rows) / n,
         "reward/outcome/pass_rate": sum(r["outcome"] or 0.0 for r in rows) / n,
         "reward/unscorable": float(sum(r["outcome"] is None for r in rows)),
+        # 0s for a candidate that broke the verifier's machinery (it would otherwise escape as unscorable)
+        "reward/candidate_faults": float(sum(s.candidate_faults for s in tier_stats.values())),
     }
     for key in rows[0] if rows else {}:
         if key.startswith("reward_"):
