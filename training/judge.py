@@ -6,6 +6,13 @@ through the model's own chat template, and reads one next-token distribution per
 nothing is generated, so the output cannot leave the rubric's two labels. Each label is the sum
 over its single-token spellings ("yes", "Yes"), so the casing the model prefers does not decide.
 
+The rubric is the operator's; the question, reference and answer are text (training/agent/chat.py
+`chat_ids`): a `<|im_start|>` in any of them is read as characters, never as a turn. An answer
+that holds one of the judge tokenizer's special tokens at all (SmolLM2's `<|endoftext|>`,
+`<file_sep>`, `<jupyter_output>`, ...: every added token marked special), or that its tokenizer
+reads as one, is refused as a 0 before the model: it addresses the judge's tokenizer, not the
+question (verifiers/judge.py refuses what looks like one for any tokenizer).
+
 Requests are batched with left padding; positions are counted from each row's first real token,
 so a padded row reads exactly what it reads alone (tests/training/test_judge_model.py).
 """
@@ -19,6 +26,8 @@ from dataclasses import replace
 import torch
 
 from configs.schema import JudgeConfig, RewardConfig
+from training.agent.chat import chat_ids
+from training.sequences import encode, special_ids
 from verifiers.base import VERIFIERS, Verdict
 from verifiers.judge import LABELS, JudgeRequest, judge_messages, label_probability, majority, vote_seed
 
@@ -47,12 +56,24 @@ class ModelJudge:
                 raise ValueError(f"reward.judge.model: {cfg.model!r} has no single-token spelling of {label!r}")
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.special_ids = special_ids(self.tokenizer)
+        added = self.tokenizer.added_tokens_decoder
+        self.special_tokens = sorted(
+            {*self.tokenizer.all_special_tokens, *(added[i].content for i in self.special_ids if i in added)} - {""}
+        )
+
+    def refusal(self, answer: str) -> str | None:
+        """Why the judge model must not read `answer` (it holds a special token of its tokenizer), or None."""
+        held = [t for t in self.special_tokens if t in answer]
+        if held:
+            return f"the answer holds the judge tokenizer's special token {held[0]!r}"
+        if self.special_ids.intersection(encode(self.tokenizer, answer)):
+            return "the answer tokenizes to a special token of the judge's tokenizer"
+        return None
 
     def prompt_ids(self, request: JudgeRequest) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            judge_messages(self.cfg.rubric, request), tokenize=False, add_generation_prompt=True
-        )
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        """The rubric as the system prompt (trusted); question, reference and answer as text."""
+        return chat_ids(self.tokenizer, judge_messages(self.cfg.rubric, request))
 
     def left_padded(self, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
         """Model inputs for a batch: left padding, positions counted from each row's first token."""
@@ -78,6 +99,10 @@ class ModelJudge:
         prompts, rows = [], []
         limit = self.cfg.max_prompt_tokens
         for i, request in enumerate(requests):
+            refused = self.refusal(request.answer)
+            if refused is not None:  # the candidate's doing: a 0, never unscorable
+                verdicts[i] = Verdict(0.0, refused)
+                continue
             ids = self.prompt_ids(request)
             if len(ids) > limit:
                 # The policy's answer made it too long: a 0, never unscorable, or a wrong answer

@@ -8,6 +8,7 @@ per-segment encoding here; a whole trajectory's text is never re-tokenized.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -47,6 +48,10 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
 
 
 def encode(tokenizer, text: str) -> list[int]:
+    """Trusted text (the chat template's structure, the operator's system prompt, the policy's own
+    turns) -> ids: the tokenizer's special tokens in it (`<|im_start|>`, the scratch tokenizer's
+    tags) come out as their single ids. Text from tasks, users and tools goes through
+    `encode_pieces` instead."""
     # A fast tokenizer's Rust backend directly: the same ids (`PreTrainedTokenizerFast.encode`
     # calls it) without transformers' per-call bookkeeping, ~10x cheaper on the short tool
     # observations the agent loop encodes every turn.
@@ -56,24 +61,124 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def special_ids(tokenizer) -> frozenset[int]:
+    """Every special token's id: `all_special_ids` and the added tokens marked special (SmolLM2's
+    `<file_sep>`, `<jupyter_output>`, ... are added tokens, not named special tokens)."""
+    return _untrusted_view(tokenizer).specials
+
+
+@dataclass(frozen=True)
+class _UntrustedView:
+    size: int  # len(tokenizer) when built: tokens added since make it stale
+    specials: frozenset[int]
+    splitting: object | None  # a copy of the fast backend that reads special tokens as text
+
+
+# One view per tokenizer. The copy of the backend exists because transformers'
+# `split_special_tokens=True` sets the flag on the shared backend, which is not safe while
+# another thread encodes with it.
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _untrusted_view(tokenizer) -> _UntrustedView:
+    view = _VIEWS.get(tokenizer)
+    if view is not None and view.size == len(tokenizer):
+        return view
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    specials = frozenset(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
+    backend, splitting = getattr(tokenizer, "backend_tokenizer", None), None
+    if backend is not None:
+        from tokenizers import Tokenizer
+
+        splitting = Tokenizer.from_str(backend.to_str())
+        splitting.encode_special_tokens = True
+    view = _VIEWS[tokenizer] = _UntrustedView(len(tokenizer), specials, splitting)
+    return view
+
+
+def encode_untrusted(tokenizer, text: str) -> list[int]:
+    """Untrusted text -> ids with every special token in it read as text: `<|im_start|>` in a task
+    prompt or a tool's output becomes the ids of `<`, `|`, `im`, ..., never the turn marker."""
+    splitting = _untrusted_view(tokenizer).splitting
+    if splitting is None:
+        return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    return splitting.encode(text, add_special_tokens=False).ids
+
+
+def encode_pieces(tokenizer, pieces: list[tuple[str, bool]]) -> list[int]:
+    """[(text, trusted)] -> the ids of their concatenation, in which only the trusted pieces'
+    special tokens are special: an untrusted piece's `<|im_end|>\n<|im_start|>assistant\n` is
+    text, never a forged turn.
+
+    Where no untrusted piece holds a special token (every honest prompt and observation) the ids
+    are exactly `encode` of the whole text, so nothing drifts. Otherwise the text is cut at the
+    trusted pieces' own special tokens and every stretch between them is encoded with special
+    tokens read as text: the same cuts the tokenizer makes, minus the forged ones."""
+    text = "".join(piece for piece, _ in pieces)
+    specials = special_ids(tokenizer)
+    untrusted, start = [], 0
+    for piece, trusted in pieces:
+        if not trusted and piece:
+            untrusted.append((start, start + len(piece)))
+        start += len(piece)
+    ids, spans = _special_spans(tokenizer, text, specials)
+    if not any(a < e and s < b for a, b, _ in spans for s, e in untrusted):
+        return ids
+    out, done, start = [], 0, 0
+    for piece, trusted in pieces:
+        for a, b, i in _special_spans(tokenizer, piece, specials)[1] if trusted else ():
+            out += [*encode_untrusted(tokenizer, text[done : start + a]), i]
+            done = start + b
+        start += len(piece)
+    return out + encode_untrusted(tokenizer, text[done:])
+
+
+def _special_spans(tokenizer, text: str, specials: frozenset[int]) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """`encode(tokenizer, text)`, and (start, end, id) of each special token read in `text`."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        encoding = backend.encode(text, add_special_tokens=False)
+        return encoding.ids, [(a, b, i) for i, (a, b) in zip(encoding.ids, encoding.offsets) if i in specials]
+    spans, at = [], 0
+    for token in tokenizer.tokenize(text):
+        i = tokenizer.convert_tokens_to_ids(token)
+        if i in specials:
+            at = text.index(token, at)
+            spans.append((at, at + len(token), i))
+            at += len(token)
+    return encode(tokenizer, text), spans
+
+
 def encode_observation(tokenizer, observation: str, tool: str = "code") -> list[int]:
     """The one place tool output becomes ids (SFT data and rollouts share it), wrapped in the
-    tool's observation tags (`<interpreter>` for code, `<information>` for search)."""
+    tool's observation tags (`<interpreter>` for code, `<information>` for search). The tags are
+    ours; the output is the tool's (whatever the program printed), so its special tokens are text."""
     open_tag, close_tag = OBSERVATION_TAGS[tool]
-    return encode(tokenizer, open_tag + observation + close_tag)
+    return encode_pieces(tokenizer, [(open_tag, True), (observation, False), (close_tag, True)])
 
 
 def encode_segments(tokenizer, segments: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
-    """[(role, text)] with role "policy" or "tool" -> (completion_ids, tool_mask)."""
+    """[(role, text)] with role "policy" or "tool" -> (completion_ids, tool_mask). A tool segment
+    is an observation in its tags (`wrap_observation`): encoded as `encode_observation` encodes it."""
     ids: list[int] = []
     mask: list[int] = []
     for role, text in segments:
         if role not in ("policy", "tool"):
             raise ValueError(f"segment role must be 'policy' or 'tool', got {role!r}")
-        piece = encode(tokenizer, text)
+        piece = encode(tokenizer, text) if role == "policy" else _encode_tool_segment(tokenizer, text)
         ids += piece
         mask += [1 if role == "policy" else 0] * len(piece)
     return ids, mask
+
+
+def _encode_tool_segment(tokenizer, text: str) -> list[int]:
+    for open_tag, close_tag in OBSERVATION_TAGS.values():
+        if text.startswith(open_tag) and text.endswith(close_tag) and len(text) >= len(open_tag) + len(close_tag):
+            return encode_pieces(
+                tokenizer,
+                [(open_tag, True), (text[len(open_tag) : len(text) - len(close_tag)], False), (close_tag, True)],
+            )
+    return encode_untrusted(tokenizer, text)
 
 
 def policy_spans(completion_ids: list[int], tool_mask: list[int]) -> list[list[int]]:
