@@ -52,6 +52,10 @@ SANDBOX_TOLERATIONS = [{"key": "flywheel/sandbox", "operator": "Exists", "effect
 # under `sandbox.token_env`, which is how the step and training pods (the clients) get it.
 SANDBOX_TOKEN_SECRET = "flywheel-sandbox-token"
 SANDBOX_TOKEN_KEY = "token"
+# The service reads its token from this file (the Secret, mounted read-only, mode 0400), never from
+# its environment, where it would stay readable in /proc/<pid>/environ (verifiers/sandbox_service.py).
+SANDBOX_TOKEN_DIR = "/var/run/secrets/flywheel/sandbox"
+SANDBOX_TOKEN_FILE = f"{SANDBOX_TOKEN_DIR}/{SANDBOX_TOKEN_KEY}"
 
 # verifiers/sandbox_service.py serves both without a token, so probes and scrapers need no secret.
 HEALTH_PATH = "/healthz"
@@ -204,8 +208,8 @@ def _service_container(cfg: FlywheelConfig, port: int, workers: int) -> dict[str
         "0.0.0.0",
         "--port",
         str(port),
-        "--token-env",
-        sandbox.token_env,
+        "--token-file",
+        SANDBOX_TOKEN_FILE,
         "--pool-size",
         str(workers),
         "--timeout-s",
@@ -223,13 +227,6 @@ def _service_container(cfg: FlywheelConfig, port: int, workers: int) -> dict[str
         "name": "sandbox",
         "image": _image(cfg.orchestration.k8s.image, "orchestration.k8s.image"),
         "command": command,
-        # From the Secret, never a literal: the service reads it once and drops it from its environment.
-        "env": [
-            {
-                "name": sandbox.token_env,
-                "valueFrom": {"secretKeyRef": {"name": SANDBOX_TOKEN_SECRET, "key": SANDBOX_TOKEN_KEY}},
-            }
-        ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": _health_probe(periodSeconds=10, failureThreshold=3),
         # /healthz fails once no worker is alive; a call would restart them, but a pod in that state is replaced.
@@ -249,7 +246,11 @@ def _service_container(cfg: FlywheelConfig, port: int, workers: int) -> dict[str
             # the runtime's default AppArmor profile denies mount, which bwrap and the worker need
             "appArmorProfile": {"type": "Unconfined"},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            # From the Secret, never a literal, and as a file: not in the environment (SANDBOX_TOKEN_FILE)
+            {"name": "sandbox-token", "mountPath": SANDBOX_TOKEN_DIR, "readOnly": True},
+        ],
     }
 
 
@@ -318,6 +319,14 @@ def _service_pod(
                 {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": f"{TMP_MB}Mi"}},
                 {"name": "seccomp-profile", "configMap": {"name": f"{name}-seccomp"}},
                 {"name": "host-seccomp", "hostPath": {"path": profile_dir, "type": "DirectoryOrCreate"}},
+                {
+                    "name": "sandbox-token",
+                    "secret": {
+                        "secretName": SANDBOX_TOKEN_SECRET,
+                        "items": [{"key": SANDBOX_TOKEN_KEY, "path": SANDBOX_TOKEN_KEY}],
+                        "defaultMode": 0o400,  # the service (root) only; it refuses a file others can read
+                    },
+                },
             ],
         },
     }

@@ -1,11 +1,15 @@
-"""Serve a registry version as the agent over HTTP (`make serve`): MLflow's own model server
-(`mlflow models serve`) on the agent model (training/agent/served.py) of the version the alias
-points at when the server starts.
+"""Serve a registry version as the agent over HTTP (`make serve`): MLflow's own scoring app (what
+`mlflow models serve` runs) on the agent model (training/agent/served.py) of the version the alias
+points at when the server starts, behind a front that caps, checks and times requests
+(pipelines/serve_http.py: requests are hostile network input).
 
     python -m pipelines.serve [--alias champion | --version N] [--host 127.0.0.1] [--port 8080]
 
-Every request is traced (MLflow traces a ResponsesAgent) into the flywheel's experiment: the MLflow
-UI's Traces tab shows each question, its tool calls and the answer. The version is resolved once, at start: the server keeps serving it, and says which it is in every
+Every request the agent runs is traced (MLflow traces a ResponsesAgent) into the flywheel's
+experiment: the MLflow UI's Traces tab shows each question, its tool calls and the answer. A
+refused request (over --max-body-bytes: 413; not JSON, not a Responses-API request, or one the
+agent refuses, such as a question longer than its context: 400) is answered `{"error": reason}`
+before the agent sees it, and is not traced; no reply carries a stack trace. The version is resolved once, at start: the server keeps serving it, and says which it is in every
 response (`custom_outputs.model_version`). After `make rollback`, a new `make serve` serves the
 previous champion. The engine is the one the version's profile rolled out with (`rollout.engine`:
 HF on the CPU profiles, vLLM where the profile says so), or `--engine`.
@@ -28,6 +32,7 @@ from assets.tracking import CHAMPION, MLflowTracker
 from configs import ConfigError, parse_override
 from pipelines.home import HomeError, config_for, located
 from pipelines.registry import RegistryError, tracker_for, version_named
+from pipelines.serve_http import DEFAULT_MAX_BODY_BYTES
 from training.agent.served import ENGINE_ENV, VERSION_ENV
 
 REQUEST_TIMEOUT_S = 600  # one request is one whole episode: several turns and tool calls
@@ -59,13 +64,20 @@ def servable_version(tracker: MLflowTracker, alias: str | None, version: str | N
 
 
 def serve_command(
-    tracker: MLflowTracker, version, host: str, port: int, workers: int, engine: str | None = None
+    tracker: MLflowTracker,
+    version,
+    host: str,
+    port: int,
+    workers: int,
+    engine: str | None = None,
+    *,
+    model_path: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> tuple[list[str], dict]:
-    """The `mlflow models serve` command line and its environment (`engine`: instead of the profile's)."""
-    bin_dir = os.path.dirname(sys.executable)
+    """The server's command line and its environment (`model_path`: the version's model,
+    downloaded; `engine`: instead of the profile's)."""
     env = {
         **os.environ,
-        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),  # MLflow execs `uvicorn` from the PATH
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "MLFLOW_TRACKING_URI": tracker.tracking_uri,
         # each request's trace (MLflow traces a ResponsesAgent's predict) goes to the flywheel's
@@ -77,25 +89,33 @@ def serve_command(
         "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S),
         **({ENGINE_ENV: engine} if engine else {}),
     }
-    mlflow_cli = os.path.join(bin_dir, "mlflow")
+    # this environment, as `mlflow models serve --env-manager local`: the model's requirements are
+    # pinned to it (assets/agent_model.py)
     command = [
-        mlflow_cli,
-        "models",
-        "serve",
+        sys.executable,
         "-m",
-        f"models:/{tracker.registered_model}/{version.version}",
-        "--env-manager",
-        "local",  # this environment: the model's requirements are pinned to it (assets/agent_model.py)
-        "-h",
+        "pipelines.serve_http",
+        "--model-path",
+        model_path,
+        "--host",
         host,
-        "-p",
+        "--port",
         str(port),
-        "-w",
+        "--workers",
         str(workers),
-        "-t",
-        str(REQUEST_TIMEOUT_S),
+        "--max-body-bytes",
+        str(max_body_bytes),
     ]
     return command, env
+
+
+def downloaded(tracker: MLflowTracker, version) -> str:
+    """The version's model folder, downloaded from the registry (as `mlflow models serve` does)."""
+    import mlflow.artifacts
+
+    return mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{tracker.registered_model}/{version.version}", tracking_uri=tracker.tracking_uri
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="rollout engine to serve with (default: the version's profile's rollout.engine)",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="a request body over this is refused (413) before anything reads it",
+    )
     args = parser.parse_args(argv)
     try:
         located()  # a moved home's stored paths rewritten before MLflow reads them
@@ -129,7 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     except (RegistryError, LookupError, ConfigError, HomeError, Busy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    command, env = serve_command(tracker, version, args.host, args.port, args.workers, args.engine)
+    model_path = downloaded(tracker, version)
+    command, env = serve_command(
+        tracker,
+        version,
+        args.host,
+        args.port,
+        args.workers,
+        args.engine,
+        model_path=model_path,
+        max_body_bytes=args.max_body_bytes,
+    )
     print(
         f"serving models:/{tracker.registered_model}/{version.version}"
         + (f" ({args.alias})" if not args.version else "")

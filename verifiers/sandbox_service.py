@@ -1,8 +1,13 @@
 """The sandbox as a service: a Sandbox (the bubblewrap pool) behind a small HTTP API.
 
-    FLYWHEEL_SANDBOX_TOKEN=<secret> python -m verifiers.sandbox_service --host 127.0.0.1 --port 8790
+    python -m verifiers.sandbox_service --token-file /run/secrets/sandbox-token --host 127.0.0.1 --port 8790
+    printf %s "$TOKEN" | python -m verifiers.sandbox_service --token-file -     # or on stdin
 
-Every /v1 endpoint needs `Authorization: Bearer <token>`; bodies and replies are JSON.
+Every /v1 endpoint needs `Authorization: Bearer <token>`; bodies and replies are JSON. The token
+comes from a file only the service's user can read (mode 0600 or tighter; in a pod, the Secret
+mounted as a file: pipelines/k8s_manifests.py), or from stdin; never from the environment, where
+it would stay readable in /proc/<pid>/environ for the service's whole life (os.environ.pop does
+not clear it there): with FLYWHEEL_SANDBOX_TOKEN set, the service refuses to start.
 
     POST /v1/run       {"code": str, "stdin": str}  -> the SandboxResult's fields
     POST /v1/run_many  {"codes": [str, ...]}         -> {"results": [SandboxResult fields, ...]}, in order
@@ -10,9 +15,12 @@ Every /v1 endpoint needs `Authorization: Bearer <token>`; bodies and replies are
     GET  /healthz      no token: 200 while a pool worker is alive, else 503
     GET  /metrics      no token: Prometheus text (calls by result, durations, refusals)
 
-Refusals: 401 missing or wrong token; 413 a body over max_request_bytes (counted as it streams
-in, before anything parses it) or a batch over max_batch; 422 a malformed body; 503 when
-admitting the request would put more than max_pending programs in the queue (Retry-After: 1).
+Refusals: 400 a body sent to /healthz or /metrics (refused unread); 401 missing or wrong token;
+413 a body over max_request_bytes (counted as it streams in, before anything parses it) or a
+batch over max_batch; 422 a malformed body; 503 when admitting the request would put more than
+max_pending programs in the queue (Retry-After: 1); 408 (then the connection closes) headers not
+complete within --header-timeout-s or a body not within --body-timeout-s, 431 headers over 64 KiB
+(verifiers/http_guard.py). A refusal before the body is read closes the connection.
 The client is verifiers/sandbox_client.py (HTTPSandbox); docs/sandbox.md, "The sandbox as a
 service", says how a failed call is kept from becoming reward.
 """
@@ -22,8 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
-import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -36,9 +44,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from verifiers.http_guard import GuardedConfig, HttpLimits, body_declared, read_body, refuse, replay, run
 from verifiers.sandbox import DEFAULT_UID_BASE, BubblewrapSandbox, Sandbox, SandboxLimits, SandboxResult
 
-TOKEN_ENV = "FLYWHEEL_SANDBOX_TOKEN"
+TOKEN_ENV = "FLYWHEEL_SANDBOX_TOKEN"  # what clients read (sandbox.token_env); refused here (module docstring)
+TOKEN_FILE_ENV = "FLYWHEEL_SANDBOX_TOKEN_FILE"  # the default of --token-file: a path, not the secret
+MAX_TOKEN_FILE_BYTES = 4096
 MIN_TOKEN_CHARS = 16  # a guessable secret is no secret: refuse to serve with one
 DEFAULT_PORT = 8790
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024  # a batch of 64 tool calls, or one 20 kB candidate + runner, fit easily
@@ -118,8 +129,11 @@ class _Metrics:
 
 class _Guard:
     """Pure ASGI middleware: FastAPI reads and parses the body before it runs dependencies, so
-    the token and the size are checked here, first; the body is counted as it streams in (a
-    missing or lying Content-Length does not help) and handed on only if it fits."""
+    the token and the size are checked here, first. The public routes take no body at all (a
+    prober needs none; one that declares one is refused unread, so an unauthenticated sender
+    cannot make the service buffer anything); a /v1 body is counted as it streams in (a missing or
+    lying Content-Length does not help) and handed on only if it fits. A refusal closes the
+    connection: the unread rest of the body is never waited for."""
 
     def __init__(self, app, *, token: str, max_request_bytes: int, metrics: _Metrics) -> None:
         self.app, self.metrics, self.max_request_bytes = app, metrics, max_request_bytes
@@ -137,12 +151,17 @@ class _Guard:
             await send(message)
 
         try:
-            if path not in _PUBLIC and not self._authorized(scope):
+            if path in _PUBLIC:
+                if body_declared(scope):
+                    await _refuse(send_and_note, 400, f"{path} takes no request body")
+                else:
+                    await self.app(scope, receive, send_and_note)
+            elif not self._authorized(scope):
                 await _refuse(send_and_note, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
-            elif (body := await self._body(scope, receive)) is None:
+            elif (body := await read_body(scope, receive, self.max_request_bytes)) is None:
                 await _refuse(send_and_note, 413, f"request body over max_request_bytes={self.max_request_bytes}")
             else:
-                await self.app(scope, _replay(body, receive), send_and_note)
+                await self.app(scope, replay(body, receive), send_and_note)
         finally:
             self.metrics.request(path if path in _ENDPOINTS else "other", status[0], time.perf_counter() - start)
 
@@ -150,49 +169,10 @@ class _Guard:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self._expected)  # constant time: no token prefix leaks by timing
 
-    async def _body(self, scope, receive) -> bytes | None:
-        """The whole body, or None as soon as it is known to exceed the limit (not read further)."""
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_request_bytes):
-            return None
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-            chunk, more = message.get("body", b""), message.get("more_body", False)
-            size += len(chunk)
-            if size > self.max_request_bytes:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    """A receive() that hands the buffered body over once, then waits on the real one (disconnects)."""
-    sent = [False]
-
-    async def replayed() -> dict:
-        if not sent[0]:
-            sent[0] = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
-
 
 async def _refuse(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    # The connection stays open: uvicorn reads and drops the unread rest of the body, so the
-    # sender gets this reply instead of a reset mid-upload; nothing of it is buffered.
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    # `detail`, as FastAPI's own refusals; the connection closes (http_guard.refuse)
+    await refuse(send, status, {"detail": detail}, headers)
 
 
 # --- the app ----------------------------------------------------------------------------------
@@ -352,7 +332,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 inside a pod (the Service routes to it)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--token-env", default=TOKEN_ENV, help="environment variable holding the shared secret")
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get(TOKEN_FILE_ENV),
+        help=f"file holding the shared secret, mode 0600 or tighter, or - for stdin (default: ${TOKEN_FILE_ENV})",
+    )
     # The limits mirror configs/schema.py::SandboxConfig; a client checks them against its own config.
     p.add_argument("--pool-size", type=int, default=2, help="bubblewrap workers (programs run at once)")
     p.add_argument("--timeout-s", type=float, default=2.0)
@@ -367,26 +351,68 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING)
     p.add_argument("--keep-alive-s", type=float, default=5.0, help="how long an idle client connection is kept open")
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=HttpLimits.header_timeout_s,
+        help="a request's headers must arrive within",
+    )
+    p.add_argument(
+        "--body-timeout-s", type=float, default=HttpLimits.body_timeout_s, help="a request's body must arrive within"
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
 
+class TokenError(ValueError):
+    """No usable token: the message says how to give one."""
+
+
+def read_token(path: str | None) -> str:
+    """The shared secret from `path` (a file only its owner can read) or stdin (`-`); TokenError
+    naming the problem otherwise, and always while TOKEN_ENV is in this process's environment."""
+    if os.environ.get(TOKEN_ENV) is not None:
+        raise TokenError(
+            f"{TOKEN_ENV} is set in the environment: a token there stays readable in /proc/<pid>/environ "
+            "for the service's whole life. Give it by --token-file PATH (mode 0600) or --token-file - on stdin, "
+            f"and start the service without the variable (env -u {TOKEN_ENV} ...)"
+        )
+    if not path:
+        raise TokenError(f"no token: give --token-file PATH (mode 0600), --token-file - (stdin) or ${TOKEN_FILE_ENV}")
+    if path == "-":
+        token = sys.stdin.read(MAX_TOKEN_FILE_BYTES + 1)
+    else:
+        try:
+            with open(path, "rb") as fh:  # follows links: a mounted Secret's file is one
+                mode = os.fstat(fh.fileno()).st_mode
+                if not stat.S_ISREG(mode):
+                    raise TokenError(f"token file {path} is not a regular file")
+                if mode & 0o077:
+                    raise TokenError(
+                        f"token file {path} has mode {stat.S_IMODE(mode):04o}: others can read it; chmod 600 {path}"
+                    )
+                token = fh.read(MAX_TOKEN_FILE_BYTES + 1).decode()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenError(f"cannot read token file {path}: {exc}") from None
+    token = token.strip()  # `echo secret > file` leaves a newline
+    if len(token) > MAX_TOKEN_FILE_BYTES or len(token) < MIN_TOKEN_CHARS:
+        raise TokenError(
+            f"the token must have {MIN_TOKEN_CHARS} to {MAX_TOKEN_FILE_BYTES} characters, got {len(token)}"
+        )
+    return token
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    # Taken out of the environment so nothing this process starts inherits it (the bwrap workers
-    # get SANDBOX_ENV anyway).
-    token = os.environ.pop(args.token_env, "")
-    if len(token) < MIN_TOKEN_CHARS:
-        print(
-            f"sandbox service: refusing to start: set {args.token_env} to the shared secret "
-            f"(at least {MIN_TOKEN_CHARS} characters; got {len(token)})",
-            file=sys.stderr,
-        )
+    try:
+        token = read_token(args.token_file)
+        limits = HttpLimits(header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s)
+    except (TokenError, ValueError) as exc:
+        print(f"sandbox service: refusing to start: {exc}", file=sys.stderr)
         return 2
-    import uvicorn
 
-    limits = SandboxLimits.of(args)  # as every other sandbox derives them from its config
-    with BubblewrapSandbox(limits, args.pool_size, uid_base=args.uid_base) as pool:
+    sandbox_limits = SandboxLimits.of(args)  # as every other sandbox derives them from its config
+    with BubblewrapSandbox(sandbox_limits, args.pool_size, uid_base=args.uid_base) as pool:
         app = create_app(
             pool,
             token=token,
@@ -396,13 +422,16 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.pool_size,
         )
         # No access log: one line per call would cost more CPU than the call's HTTP handling.
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=False,
-            timeout_keep_alive=args.keep_alive_s,
+        run(
+            GuardedConfig(
+                app,
+                limits=limits,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                access_log=False,
+                timeout_keep_alive=args.keep_alive_s,
+            )
         )
     return 0
 

@@ -182,7 +182,7 @@ def test_the_service_runs_with_the_profiles_limits(cfg, manifests):
         sandbox.max_processes,
         sandbox.max_files,
     )
-    assert (args.host, args.port, args.token_env, args.pool_size) == ("0.0.0.0", 8790, sandbox.token_env, 3)
+    assert (args.host, args.port, args.token_file, args.pool_size) == ("0.0.0.0", 8790, km.SANDBOX_TOKEN_FILE, 3)
     # the probes and the scrape path are routes the service serves without a token
     container = service_container(manifests)
     assert (
@@ -194,11 +194,25 @@ def test_the_service_runs_with_the_profiles_limits(cfg, manifests):
     assert {km.HEALTH_PATH, annotations["prometheus.io/path"]} <= set(_PUBLIC)
 
 
-def test_the_token_comes_from_a_secret_never_a_literal(cfg, manifests, monkeypatch):
+@pytest.mark.integrity
+def test_the_token_comes_from_a_secret_mounted_as_a_file_never_a_literal_nor_the_environment(
+    cfg, manifests, monkeypatch
+):
+    """In the environment the token would stay readable in /proc/<pid>/environ for the service's
+    life (os.environ.pop does not clear that): the Secret is a read-only file only root can read."""
     container = service_container(manifests)
-    (token,) = [e for e in container["env"] if e["name"] == cfg.sandbox.token_env]
-    assert "value" not in token
-    assert token["valueFrom"] == {"secretKeyRef": {"name": km.SANDBOX_TOKEN_SECRET, "key": km.SANDBOX_TOKEN_KEY}}
+    assert not container.get("env") and not container.get("envFrom"), container.get("env")
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "sandbox-token"]
+    assert mount["readOnly"] and km.SANDBOX_TOKEN_FILE == f"{mount['mountPath']}/{km.SANDBOX_TOKEN_KEY}"
+    pod = by_kind(manifests, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "sandbox-token"]
+    assert volume["secret"] == {
+        "secretName": km.SANDBOX_TOKEN_SECRET,
+        "items": [{"key": km.SANDBOX_TOKEN_KEY, "path": km.SANDBOX_TOKEN_KEY}],
+        "defaultMode": 0o400,
+    }
+    command = container["command"]
+    assert command[command.index("--token-file") + 1] == km.SANDBOX_TOKEN_FILE
     assert "Secret" not in {m["kind"] for m in manifests}, "a rendered file must not hold the secret"
     # A token in the renderer's own environment ends up in no manifest.
     monkeypatch.setenv(cfg.sandbox.token_env, "tok-" + "9" * 40)
@@ -305,7 +319,8 @@ def test_the_pod_has_what_bubblewrap_needs_and_no_more(manifests):
         init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         and init["securityContext"]["allowPrivilegeEscalation"] is False
     )
-    assert {m["name"] for m in service_container(manifests)["volumeMounts"]} == {"tmp"}
+    # the service mounts its scratch and its token (read-only), never the host directory
+    assert {m["name"] for m in service_container(manifests)["volumeMounts"]} == {"tmp", "sandbox-token"}
     # A changed profile changes the pod template, so the pods roll and load it.
     profile = config_map["data"][name]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -184,7 +186,8 @@ def test_the_served_agent_answers_with_its_tools_and_rollback_serves_the_previou
                 {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"temperature": "hot"}},
                 "custom_inputs.temperature",
             ),
-            ({"input": [{"role": "user", "content": "7 * 6 " * 2000}]}, "leaves no room for an answer"),
+            ({"input": [{"role": "user", "content": "7 * 6 " * 600}]}, "leaves no room for an answer"),
+            ({"input": [{"role": "user", "content": "7 * 6 " * 2000}]}, "characters; this agent's context holds"),
         ]:
             with pytest.raises(urllib.error.HTTPError) as refused:
                 _post(port, body)
@@ -265,3 +268,162 @@ def test_registry_load_gives_the_policy_of_an_agent_model_and_of_an_old_folder_v
         model, _, folder = load(tracker, alias, tmp_path / alias)
         assert (folder / "config.json").exists()
         assert all(torch.equal(p, expected[name]) for name, p in model.named_parameters())
+
+
+# ============================================================================ hostile requests
+
+
+def _raw(port: int, data: bytes, *, wait_s: float = 30.0) -> tuple[bytes, float]:
+    """What the server sends back to `data` on one connection until it closes it, and how long that took."""
+    start, got = time.monotonic(), b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(wait_s)
+        try:
+            sock.sendall(data)
+        except OSError:  # refused and closed mid-upload
+            pass
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except TimeoutError:
+            pytest.fail(f"the server kept the connection open for {wait_s} s (got {got[:200]!r})")
+        except ConnectionResetError:
+            pass
+    return got, time.monotonic() - start
+
+
+def _traces(tracker) -> int:
+    return len(tracker.raw_client().search_traces(locations=[tracker.experiment_id()], max_results=1000))
+
+
+@pytest.fixture(scope="module")
+def untrained_home(tmp_path_factory, micro_cfg, sandbox):
+    """A micro home whose champion (v1) is an agent model of a barely trained policy (one SFT
+    step): the refusals below happen before the policy would run."""
+    from assets.agent_model import log_agent_model
+    from benchmarks.warm_start import warm_started_policy
+    from environments.search import kb_to_rows
+    from pipelines.registry import tracker_for
+    from training.model import save_checkpoint
+
+    policy = warm_started_policy(micro_cfg, sandbox, sft_steps=1)
+    home = tmp_path_factory.mktemp("serve-hostile") / "fw"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        tracker = tracker_for(micro_cfg)
+        folder = save_checkpoint(policy.model, policy.tokenizer, home / "checkpoint")
+        run_id = tracker.client().create_run(tracker.experiment_id()).info.run_id
+        tracker.register_model(
+            run_id,
+            lambda: log_agent_model(run_id, folder, micro_cfg, kb_to_rows(policy.kb), {"pass_at_1": 0.0}),
+            {"stage": "rl", "round": "1"},
+        )
+        tracker.promote("1", "gate")
+    return home, tracker
+
+
+@pytest.mark.integrity
+def test_hostile_requests_are_refused_before_the_agent_without_traces_or_stack_traces(untrained_home):
+    """A 10 MB question used to take 60 s, grow the server by 1.7 GB and land in a 10.5 MB trace
+    before its 400; errors came back as MLflow's stack trace with host paths. Now: a 413 before
+    anything reads the body, a 400 `{"error": reason}` for what the agent refuses, no trace of
+    either, and half-sent headers cut at the server's header timeout."""
+    home, tracker = untrained_home
+    traces_before = _traces(tracker)
+    server, port = _serve(home)
+    try:
+        rss_before = _rss_mib(server.pid)
+        question = json.dumps({"input": [{"role": "user", "content": "7 * 6 " * (10 * 2**20 // 6)}]}).encode()
+        head = f"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(question)}\r\n\r\n"
+        reply, seconds = _raw(port, head.encode() + question)
+        assert reply.startswith(b"HTTP/1.1 413") and b'{"error": "request body over 1048576 bytes"}' in reply, reply
+        assert seconds < 5
+        # streamed without a length: counted as it arrives, refused past the cap
+        chunked = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunked += b"".join(b"10000\r\n" + question[i : i + 0x10000] + b"\r\n" for i in range(0, 4 * 2**20, 0x10000))
+        reply, seconds = _raw(port, chunked)
+        assert reply.startswith(b"HTTP/1.1 413") and seconds < 5, reply[:300]
+        assert _rss_mib(server.pid) - rss_before < 100
+        # refused by the agent's own checks: the reason only, as JSON, no trace, no host path
+        for body, named in (
+            ({"input": [{"role": "user", "content": "x" * 100_000}]}, "characters; this agent's context holds"),
+            ({"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"family": "poetry"}}, "'poetry'"),
+            ({"input": "not a list"}, "not a Responses-API request"),
+        ):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                _post(port, body)
+            text = refused.value.read().decode()
+            assert refused.value.code == 400 and named in json.loads(text)["error"], text
+            assert "Traceback" not in text and "stack_trace" not in text and str(REPO) not in text, text
+        reply, _ = _raw(
+            port,
+            head.replace(str(len(question)), "9").encode()
+            + b"not json!"
+            + b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        assert reply.startswith(b"HTTP/1.1 400") and b"the body is not JSON" in reply, reply
+        reply, _ = _raw(port, b"GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        assert reply.startswith(b"HTTP/1.1 400") and b"takes no request body" in reply, reply
+        # slowloris: half the headers, then nothing
+        reply, seconds = _raw(port, b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Ty", wait_s=30)
+        assert reply.startswith(b"HTTP/1.1 408") and seconds < 15, (reply, seconds)
+        print(f"half-sent headers disconnected after {seconds:.1f} s")
+        assert _traces(tracker) == traces_before, "a refused request was traced"
+        # and a request the agent takes still goes through the front to MLflow's app, traced
+        reply = _post(
+            port, {"input": [{"role": "user", "content": "What is 2 + 2?"}], "custom_inputs": {"greedy": True}}
+        )
+        assert reply["custom_outputs"]["model_version"] == "1" and reply["output"][-1]["type"] == "message"
+    finally:
+        stop_server(server)
+    assert _traces(tracker) == traces_before + 1
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.integrity
+def test_the_front_replaces_mlflow_errors_by_a_reason_and_logs_the_trace(caplog):
+    """MLflow answers a failed predict with 400, "Verify that the serialized input Dataframe…" and
+    the stack trace; the front logs that and answers 500 {"error": ...} naming an id in the log."""
+    import asyncio
+
+    from pipelines.serve_http import Front
+
+    async def mlflow_like(scope, receive, send):
+        await receive()
+        body = json.dumps(
+            {
+                "error_code": "BAD_REQUEST",
+                "message": "Verify that the serialized input Dataframe",
+                "stack_trace": f"Traceback: {REPO}/x.py",
+            }
+        ).encode()
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    scope = {
+        "type": "http",
+        "path": "/invocations",
+        "method": "POST",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    with caplog.at_level("ERROR", logger="uvicorn.error"):
+        asyncio.run(Front(mlflow_like, lambda body: None, max_body_bytes=100)(scope, receive, send))
+    assert sent[0]["status"] == 500
+    reply = json.loads(sent[1]["body"])
+    assert set(reply) == {"error"} and "the agent failed on this request" in reply["error"], reply
+    assert "Traceback" not in sent[1]["body"].decode() and str(REPO) not in sent[1]["body"].decode()
+    error_id = reply["error"].rsplit(" ", 1)[1]
+    assert any(error_id in r.getMessage() and "stack_trace" in r.getMessage() for r in caplog.records)

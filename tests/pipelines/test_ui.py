@@ -65,24 +65,55 @@ def browser():
         chromium.close()
 
 
+def _ui_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "pipelines.ui", "--host", "127.0.0.1", "--port", str(port), "--no-daemon"]
+
+
+@pytest.mark.integrity
+def test_the_dagster_ui_answers_only_requests_addressed_to_this_machine(tmp_path):
+    """DNS rebinding: a page on evil.example.com whose name now resolves to 127.0.0.1 sends
+    `Host: evil.example.com`; dagster-webserver answered it (GraphQL included, which launches
+    runs). Now only this machine's names are answered, and a foreign Origin is refused."""
+    import httpx
+
+    (tmp_path / "dagster").mkdir()
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLYWHEEL_HOME": str(tmp_path),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+        "FLYWHEEL_PROFILE": "micro",
+    }
+    server = start_server(_ui_command(port), env, f"http://127.0.0.1:{port}/server_info")
+    url = f"http://127.0.0.1:{port}"
+    query = {"query": "{ version }"}
+    try:
+        evil = httpx.post(
+            f"{url}/graphql", json=query, headers={"host": "evil.example.com", "origin": "http://evil.example.com"}
+        )
+        assert evil.status_code == 403, evil.text
+        assert httpx.get(f"{url}/server_info", headers={"host": f"evil.example.com:{port}"}).status_code == 403
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+            assert httpx.get(f"{url}/server_info", headers={"host": host}).status_code == 200, host
+        same = httpx.post(
+            f"{url}/graphql", json=query, headers={"host": f"localhost:{port}", "origin": f"http://localhost:{port}"}
+        )
+        assert same.status_code == 200 and "version" in same.json()["data"], same.text
+        cross = httpx.post(
+            f"{url}/graphql", json=query, headers={"host": f"localhost:{port}", "origin": "https://evil.example.com"}
+        )
+        assert cross.status_code == 403, cross.text
+    finally:
+        stop_server(server)
+
+
 @pytest.mark.xdist_group("micro_flywheel")
 def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, browser):
     home, outcome = flywheel_home
     port = free_port()
     env = {**os.environ, "FLYWHEEL_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "FLYWHEEL_PROFILE": "micro"}
-    server = start_server(
-        [
-            str(Path(sys.executable).parent / "dagster-webserver"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-m",
-            "pipelines.definitions",
-        ],
-        env,
-        f"http://127.0.0.1:{port}/server_info",
-    )
+    # what `make dagster-ui` serves (its daemon left out: nothing here launches a run)
+    server = start_server(_ui_command(port), env, f"http://127.0.0.1:{port}/server_info")
     try:
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         # global lineage: one node per group
@@ -94,7 +125,7 @@ def test_dagster_ui_shows_the_lineage_and_a_materialization(flywheel_home, brows
         page.screenshot(path=str(SHOTS / "dagster-global-lineage.png"))
 
         # the RL group's graph: its assets as nodes, their neighbours, and the round's materializations
-        page.goto(f"http://127.0.0.1:{port}/locations/pipelines.definitions/asset-groups/rl", wait_until="networkidle")
+        page.goto(f"http://127.0.0.1:{port}/locations/agentic_flywheel/asset-groups/rl", wait_until="networkidle")
         page.get_by_text("rl_checkpoint", exact=True).first.wait_for(timeout=60_000)
         text = page.inner_text("body")
         assert all(name in text for name in RL_GROUP), text[:2000]

@@ -64,10 +64,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def token_file(token: str = TOKEN) -> str:
+    """The token in a file only this user can read (mkstemp makes it 0600), as the service takes it."""
+    fd, path = tempfile.mkstemp(prefix="sandbox-token-")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return path
+
+
 class Service:
     """`python -m verifiers.sandbox_service` in a subprocess, ready when /healthz answers."""
 
-    def __init__(self, *, port: int | None = None, timeout_s: float = 1.0, keep_alive_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        timeout_s: float = 1.0,
+        keep_alive_s: float = 5.0,
+        max_bytes: int = MAX_BYTES,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # a file, not a pipe: can never block the service
@@ -85,8 +101,10 @@ class Service:
             str(timeout_s),
             "--uid-base",
             str(next(_uid_bases)),
+            "--token-file",
+            token_file(),
             "--max-request-bytes",
-            str(MAX_BYTES),
+            str(max_bytes),
             "--max-batch",
             str(MAX_BATCH),
             "--max-pending",
@@ -95,10 +113,10 @@ class Service:
             str(keep_alive_s),
             "--log-level",
             "warning",
+            *extra,
         ]
-        self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env={**os.environ, TOKEN_ENV: TOKEN}, stdout=self.log, stderr=self.log
-        )
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # refused: the file is the way
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 60
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -389,21 +407,174 @@ def test_a_restarted_service_is_retried():
     assert result.ok and result.stdout == "after the restart\n", result
 
 
+# ============================================================================ hostile connections
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> tuple[float, bytes]:
+    """Seconds until the service closed `sock` (reading what it sent first), or fails the test."""
+    start, got = time.monotonic(), b""
+    sock.settimeout(seconds)
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except TimeoutError:
+        pytest.fail(f"still open after {seconds} s (got {got[:200]!r})")
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start, got
+
+
+@pytest.mark.integrity
+def test_public_routes_refuse_a_body_before_reading_it(service):
+    """/healthz and /metrics need no token: a body sent there is refused unread (the service
+    used to buffer it up to max_request_bytes first)."""
+    for head in (
+        b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", service.port)) as sock:
+            sock.sendall(head + b"a" * 1000)
+            seconds, reply = _closed_within(sock, 5.0)
+        assert reply.startswith(b"HTTP/1.1 400") and b"takes no request body" in reply, reply[:300]
+        assert seconds < 2.0
+    assert httpx.get(service.url + "/healthz").status_code == 200  # without a body, as before
+
+
+@pytest.mark.integrity
+def test_half_sent_headers_and_a_stalled_body_are_disconnected_within_the_timeouts():
+    """Slowloris: headers sent in part and then nothing, or a body that stops, used to hold a
+    connection for minutes; here they are cut at --header-timeout-s / --body-timeout-s."""
+    with Service(extra=("--header-timeout-s", "1", "--body-timeout-s", "1")) as svc:
+        times = {}
+        with socket.create_connection(("127.0.0.1", svc.port)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow")
+            times["half-sent headers"], reply = _closed_within(sock, 10.0)
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        with socket.create_connection(("127.0.0.1", svc.port)) as sock:
+            times["nothing sent"], reply = _closed_within(sock, 10.0)
+        with socket.create_connection(("127.0.0.1", svc.port)) as sock:
+            start = time.monotonic()
+            try:  # one byte every 0.2 s: each keeps the connection busy, the deadline still holds
+                for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" * 4:
+                    sock.sendall(bytes([byte]))
+                    time.sleep(0.2)
+                    if _readable(sock):  # the service answered or closed
+                        break
+            except OSError:
+                pass
+            _closed_within(sock, 10.0)
+            times["dripped headers"] = time.monotonic() - start
+        with socket.create_connection(("127.0.0.1", svc.port)) as sock:
+            head = f"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n"
+            sock.sendall(head.encode() + b'{"code": "print(1)"')
+            times["stalled body"], reply = _closed_within(sock, 10.0)
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert all(seconds < 3.0 for seconds in times.values()), times
+        assert httpx.get(svc.url + "/healthz").status_code == 200  # a well-behaved client is unaffected
+        print("seconds to disconnect:", {k: round(v, 2) for k, v in times.items()})
+
+
+def _readable(sock: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+@pytest.mark.integrity
+def test_300_connections_sending_bodies_to_healthz_do_not_grow_the_service(tmp_path):
+    """300 unauthenticated connections each send 256 KiB (all but the last byte) to /healthz and
+    hold: the service used to buffer every one (+75 MB, never given back); now each is refused
+    unread and the service's memory stays within a small bound."""
+    size = 256 * 1024
+    with Service(max_bytes=size) as svc:
+        for _ in range(20):  # warm: the first requests allocate what every request reuses
+            httpx.get(svc.url + "/healthz")
+        before = _rss_kib(svc.proc.pid)
+        head = f"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
+
+        def attack(_: int) -> socket.socket:
+            sock = socket.create_connection(("127.0.0.1", svc.port))
+            sock.settimeout(2.0)
+            try:
+                sock.sendall(head + b"a" * (size - 1))
+            except OSError:  # refused and closed mid-upload
+                pass
+            return sock
+
+        with ThreadPoolExecutor(16) as senders:
+            socks = list(senders.map(attack, range(300)))
+        time.sleep(1.0)
+        during = _rss_kib(svc.proc.pid)
+        for sock in socks:
+            sock.close()
+        time.sleep(0.5)
+        after = _rss_kib(svc.proc.pid)
+        assert httpx.get(svc.url + "/healthz").status_code == 200
+    print(
+        f"service RSS: {before / 1024:.1f} MiB before, {during / 1024:.1f} MiB with 300 connections, {after / 1024:.1f} after"
+    )
+    assert during - before < 16 * 1024 and after - before < 16 * 1024, (before, during, after)
+
+
 # ============================================================================ configuration
 
 
-def test_the_service_refuses_to_start_without_a_token():
+@pytest.mark.integrity
+def test_the_service_takes_its_token_from_a_private_file_or_stdin_never_the_environment(tmp_path):
+    """A token in the environment stays readable in /proc/<pid>/environ after os.environ.pop (the
+    kernel keeps the process's initial environment): the service refuses it, naming the file way."""
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    for token in (None, "short"):
-        run = subprocess.run(
-            [sys.executable, "-m", "verifiers.sandbox_service", "--port", str(free_port())],
-            cwd=ROOT,
-            env=env if token is None else {**env, TOKEN_ENV: token},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert run.returncode == 2 and f"set {TOKEN_ENV}" in run.stderr, run.stderr
+    argv = [sys.executable, "-m", "verifiers.sandbox_service", "--port", str(free_port())]
+    readable = tmp_path / "readable"
+    readable.write_text(TOKEN)
+    readable.chmod(0o644)
+    short = token_file("short")
+    for extra, environ, named in (
+        ([], env, "--token-file"),
+        (["--token-file", token_file()], {**env, TOKEN_ENV: TOKEN}, f"{TOKEN_ENV} is set in the environment"),
+        (["--token-file", str(readable)], env, "chmod 600"),
+        (["--token-file", short], env, "characters, got 5"),
+        (["--token-file", str(tmp_path / "missing")], env, "cannot read token file"),
+    ):
+        run = subprocess.run(argv + extra, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and named in run.stderr, (extra, run.stderr)
+    # stdin works too: a pipe leaves nothing on disk
+    port = free_port()
+    proc = subprocess.Popen(
+        [*argv[:3], "--port", str(port), "--token-file", "-", "--uid-base", str(next(_uid_bases))],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proc.stdin.write(TOKEN.encode())
+        proc.stdin.close()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/info", headers=AUTH, timeout=1.0)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the service did not come up"
+                time.sleep(0.1)
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+@pytest.mark.integrity
+def test_the_running_service_holds_no_token_in_its_environment(service):
+    with open(f"/proc/{service.proc.pid}/environ", "rb") as fh:
+        assert TOKEN.encode() not in fh.read()
 
 
 def test_config_builds_the_client_and_names_what_is_missing(service, monkeypatch):

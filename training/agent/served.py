@@ -56,6 +56,9 @@ TOOL_ARGUMENT = {"code": "code", "search": "query"}  # the function-call argumen
 
 OPTIONS = frozenset({"family", "greedy", "temperature", "seed"})  # what `custom_inputs` may hold
 MIN_ANSWER_TOKENS = 8  # a question must leave the policy at least this much of the context
+# A question longer than this many characters per token of the context cannot fit; it is refused
+# before the tokenizer sees it (tokenizing a 10 MB question took 60 s and 1.7 GB).
+MAX_QUESTION_CHARS_PER_TOKEN = 16
 MAX_TEMPERATURE = 5.0
 
 
@@ -146,12 +149,28 @@ class ToolAgent(ResponsesAgent):
         self._one_at_a_time = threading.Lock()  # one engine: requests take turns (scale with server workers)
         _LOADED.add(self)
 
+    def refusal(self, request: ResponsesAgentRequest) -> str | None:
+        """Why this agent would refuse `request` without running it, or None. The server
+        (pipelines/serve_http.py) asks before `predict`, which MLflow traces with its input: a
+        refused request is answered there and never stored in a trace."""
+        try:
+            self.task_of(request)
+        except RequestError as exc:
+            return str(exc)
+        return None
+
     def task_of(self, request: ResponsesAgentRequest) -> tuple[dict, Sampled]:
         options = dict(request.custom_inputs or {})
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise RequestError(f"custom_inputs: unknown {unknown} (known: {sorted(OPTIONS)})")
         question = question_of(request)
+        max_chars = MAX_QUESTION_CHARS_PER_TOKEN * self.rollout.max_total_tokens
+        if len(question) > max_chars:
+            raise RequestError(
+                f"input: the question is {len(question)} characters; this agent's context holds "
+                f"{self.rollout.max_total_tokens} tokens (rollout.max_total_tokens), so at most {max_chars} are read"
+            )
         family = options.get("family") or ANY_FAMILY
         if family != ANY_FAMILY and family not in self.families:
             raise RequestError(
