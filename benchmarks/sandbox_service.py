@@ -39,7 +39,7 @@ from pathlib import Path
 
 from configs.schema import RewardConfig, VerifierSpec
 from verifiers.cascade import Cascade
-from verifiers.sandbox import DEFAULT_UID_BASE, BubblewrapSandbox, SandboxLimits
+from verifiers.sandbox import BubblewrapSandbox, SandboxLimits
 from verifiers.sandbox_client import HTTPSandbox
 from verifiers.sandbox_service import TOKEN_ENV
 from verifiers.shaping import Candidate
@@ -47,9 +47,8 @@ from verifiers.shaping import Candidate
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.8
 LIMITS = SandboxLimits()  # the service is started with the same (its CLI defaults)
-# The in-process pool takes an allocated uid range (as every pool that names none); the service's
-# CLI takes an explicit base, one no allocated range or other explicit caller uses.
-UID_BASE_SERVICE = DEFAULT_UID_BASE + 30_000_100
+# The in-process pool and the service's pool each take an allocated uid range (as every pool that
+# names none), so they never share RLIMIT_NPROC's count.
 TASK = {
     "task_id": "c",
     "family": "code",
@@ -109,13 +108,16 @@ def service(pool_size: int):
         str(port),
         "--pool-size",
         str(pool_size),
-        "--uid-base",
-        str(UID_BASE_SERVICE),
+        "--token-file",
+        "-",  # the token on stdin: never in the service's environment (it refuses one there)
         "--log-level",
         "warning",
     ]
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, TOKEN_ENV: token}, stdout=log, stderr=log)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=log, stderr=log)
+        proc.stdin.write(token.encode() + b"\n")
+        proc.stdin.close()
         try:
             _wait_healthy(url, proc, log)
             yield url, token

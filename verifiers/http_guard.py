@@ -1,5 +1,5 @@
 """What every HTTP server of the project puts between the network and its app (the sandbox
-service, `make serve`, the Dagster UI): requests there are hostile input (docs/ARCHITECTURE.md,
+service, `make serve`, the Dagster UI): requests there are hostile input (docs/sandbox.md,
 "Trust boundaries"), so nothing is buffered or parsed before it is known to be small, and nothing
 waits on a slow sender for long.
 
@@ -26,6 +26,15 @@ from dataclasses import dataclass
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+# GuardedProtocol overrides uvicorn's protocol internals (its parser callbacks and timers): checked
+# against the version it was written for, so an upgrade fails here, by name, not in a server.
+WRITTEN_FOR = "0.54.0"
+if uvicorn.__version__ != WRITTEN_FOR:
+    raise ImportError(
+        f"verifiers/http_guard.py was written for uvicorn {WRITTEN_FOR}, this is {uvicorn.__version__}: "
+        "re-check GuardedProtocol against its HttpToolsProtocol, then update WRITTEN_FOR"
+    )
 
 __all__ = ["GuardedConfig", "GuardedProtocol", "HttpLimits", "body_declared", "read_body", "refuse", "replay", "run"]
 

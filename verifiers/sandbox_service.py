@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verifiers.http_guard import GuardedConfig, HttpLimits, body_declared, read_body, refuse, replay, run
-from verifiers.sandbox import DEFAULT_UID_BASE, BubblewrapSandbox, Sandbox, SandboxLimits, SandboxResult
+from verifiers.sandbox import BubblewrapSandbox, Sandbox, SandboxLimits, SandboxResult
 
 TOKEN_ENV = "FLYWHEEL_SANDBOX_TOKEN"  # what clients read (sandbox.token_env); refused here (module docstring)
 TOKEN_FILE_ENV = "FLYWHEEL_SANDBOX_TOKEN_FILE"  # the default of --token-file: a path, not the secret
@@ -345,7 +345,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-files", type=int, default=10_000)
     p.add_argument("--max-output-bytes", type=int, default=65_536)
     p.add_argument(
-        "--uid-base", type=int, default=DEFAULT_UID_BASE, help="first sandbox uid; give each pool on a host its own"
+        "--uid-base", type=int, default=None, help="first sandbox uid (default: a range allocated for this pool)"
     )
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
