@@ -8,6 +8,7 @@ per-segment encoding here; a whole trajectory's text is never re-tokenized.
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass, fields, replace
 
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from verifiers.protocol import OBSERVATION_TAGS
+from verifiers.protocol import OBSERVATION_TAGS, TAGS
 
 
 # ------------------------------------------------ log-probs and entropy of given logits
@@ -165,10 +166,22 @@ def encode_segments(tokenizer, segments: list[tuple[str, str]]) -> tuple[list[in
     for role, text in segments:
         if role not in ("policy", "tool"):
             raise ValueError(f"segment role must be 'policy' or 'tool', got {role!r}")
-        piece = encode(tokenizer, text) if role == "policy" else _encode_tool_segment(tokenizer, text)
+        piece = _encode_policy_segment(tokenizer, text) if role == "policy" else _encode_tool_segment(tokenizer, text)
         ids += piece
         mask += [1 if role == "policy" else 0] * len(piece)
     return ids, mask
+
+
+# A policy turn written for training (a teacher's demonstration, an SFT file's assistant turn,
+# hindsight's answer from the task's gold) holds text from task files: only the protocol's own
+# tags in it are trusted (single special ids on the scratch tokenizer), so a gold answer or an SFT
+# file's `<|im_end|>` is trained as text, never as a turn boundary.
+_PROTOCOL_TAG = re.compile("(" + "|".join(re.escape(tag) for tag in TAGS) + ")")
+
+
+def _encode_policy_segment(tokenizer, text: str) -> list[int]:
+    pieces = [(piece, i % 2 == 1) for i, piece in enumerate(_PROTOCOL_TAG.split(text)) if piece]
+    return encode_pieces(tokenizer, pieces)
 
 
 def _encode_tool_segment(tokenizer, text: str) -> list[int]:

@@ -132,8 +132,12 @@ def test_the_auxiliary_loss_joins_the_rl_gradient_in_one_optimizer_step(warm_pol
         return main_loss + aux_loss, {"aux": aux_metrics["loss/hindsight"], "main": float(main_loss.detach())}
 
     reference = accumulate_step(whole, [0], both, lambda chunk: torch.ones(1), micro_batch_size=None)
+    # Adam divides by sqrt(v): a weight whose gradient is near zero moves by up to lr (0.01) on the
+    # rounding of its gradient alone, and micro-batches sum in another order than the one batch
+    # (seen: 1 of 4,096 weights 2e-5 apart). An auxiliary loss left out of the step moves weights by
+    # ~lr, far past this bound.
     for a, b in zip(split.module.parameters(), whole.module.parameters()):
-        torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     assert metrics["loss/hindsight"] == pytest.approx(reference["aux"], rel=1e-5)  # the unweighted NLL
     assert metrics["loss"] == pytest.approx(reference["main"] + 0.5 * reference["aux"], rel=1e-5)
     assert any((a - b).abs().max() > 0 for a, b in zip(split.module.parameters(), warm_policy.model.parameters()))
