@@ -69,10 +69,11 @@ def test_every_recipe_quotes_the_home_and_the_shell_lint_refuses_one_that_does_n
     lint (`make lint` runs scripts/lint_shell.sh) passes on the Makefile and fails, naming the
     target, on one with the old unquoted `rm -rf $(FLYWHEEL_HOME)`."""
     home = tmp_path / "a b" / "h"
-    # make runs each recipe for real, on stand-in `dagster` and `mlflow` that record what they got
+    # make runs each recipe for real, on a stand-in `python` (the UI's `-m pipelines.ui`) and `mlflow`
+    # that record what they got
     fake = tmp_path / "venv"
     (fake / "bin").mkdir(parents=True)
-    for tool in ("dagster", "mlflow"):
+    for tool in ("python", "mlflow"):
         script = fake / "bin" / tool
         script.write_text('#!/bin/sh\nprintf "%s\\n" "DAGSTER_HOME=$DAGSTER_HOME" "$@" > "$RECORD"\n')
         script.chmod(0o755)
