@@ -58,3 +58,20 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def read_until_closed(sock: socket.socket, seconds: float) -> tuple[float, bytes]:
+    """Seconds until the server closed `sock`, and what it sent first; fails the test when the
+    connection is still open after `seconds` (a server that waits on a stalled client)."""
+    import pytest
+
+    start, got = time.monotonic(), b""
+    sock.settimeout(seconds)
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {seconds} s (got {got[:200]!r})")
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start, got

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from configs import ConfigError, load_profile  # noqa: E402
 from configs.schema import RewardConfig, VerifierSpec  # noqa: E402
 from environments.tools import CodeInterpreter  # noqa: E402
+from tests.servers import read_until_closed  # noqa: E402
 from verifiers.cascade import Cascade  # noqa: E402
 from verifiers.code_tests import DEFAULT_ALLOWED_IMPORTS  # noqa: E402
 from verifiers.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits  # noqa: E402
@@ -415,20 +416,6 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> tuple[float, bytes]:
-    """Seconds until the service closed `sock` (reading what it sent first), or fails the test."""
-    start, got = time.monotonic(), b""
-    sock.settimeout(seconds)
-    try:
-        while chunk := sock.recv(65536):
-            got += chunk
-    except TimeoutError:
-        pytest.fail(f"still open after {seconds} s (got {got[:200]!r})")
-    except ConnectionResetError:
-        pass
-    return time.monotonic() - start, got
-
-
 @pytest.mark.integrity
 def test_public_routes_refuse_a_body_before_reading_it(service):
     """/healthz and /metrics need no token: a body sent there is refused unread (the service
@@ -440,7 +427,7 @@ def test_public_routes_refuse_a_body_before_reading_it(service):
     ):
         with socket.create_connection(("127.0.0.1", service.port)) as sock:
             sock.sendall(head + b"a" * 1000)
-            seconds, reply = _closed_within(sock, 5.0)
+            seconds, reply = read_until_closed(sock, 5.0)
         assert reply.startswith(b"HTTP/1.1 400") and b"takes no request body" in reply, reply[:300]
         assert seconds < 2.0
     assert httpx.get(service.url + "/healthz").status_code == 200  # without a body, as before
@@ -454,10 +441,10 @@ def test_half_sent_headers_and_a_stalled_body_are_disconnected_within_the_timeou
         times = {}
         with socket.create_connection(("127.0.0.1", svc.port)) as sock:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow")
-            times["half-sent headers"], reply = _closed_within(sock, 10.0)
+            times["half-sent headers"], reply = read_until_closed(sock, 10.0)
         assert reply.startswith(b"HTTP/1.1 408"), reply
         with socket.create_connection(("127.0.0.1", svc.port)) as sock:
-            times["nothing sent"], reply = _closed_within(sock, 10.0)
+            times["nothing sent"], reply = read_until_closed(sock, 10.0)
         with socket.create_connection(("127.0.0.1", svc.port)) as sock:
             start = time.monotonic()
             try:  # one byte every 0.2 s: each keeps the connection busy, the deadline still holds
@@ -468,12 +455,12 @@ def test_half_sent_headers_and_a_stalled_body_are_disconnected_within_the_timeou
                         break
             except OSError:
                 pass
-            _closed_within(sock, 10.0)
+            read_until_closed(sock, 10.0)
             times["dripped headers"] = time.monotonic() - start
         with socket.create_connection(("127.0.0.1", svc.port)) as sock:
             head = f"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n"
             sock.sendall(head.encode() + b'{"code": "print(1)"')
-            times["stalled body"], reply = _closed_within(sock, 10.0)
+            times["stalled body"], reply = read_until_closed(sock, 10.0)
         assert reply.startswith(b"HTTP/1.1 408"), reply
         assert all(seconds < 3.0 for seconds in times.values()), times
         assert httpx.get(svc.url + "/healthz").status_code == 200  # a well-behaved client is unaffected
